@@ -1,0 +1,28 @@
+"""DAPO — "An Open-Source LLM Reinforcement Learning System at Scale" (Yu et al. 2025).
+
+DAPO changes four things; each lives where it acts:
+  1. Clip-Higher: a larger upper clip, eps_high = 0.28 > eps_low = 0.2, so low-probability tokens can grow
+     and entropy does not collapse — `epsilon_high` in `clipped_surrogate` (grpo.py).
+  2. Dynamic sampling: drop groups whose rewards are all equal (zero advantage, zero gradient) and sample
+     more prompts until the batch is full — the trainer's `dynamic_sampling` option.
+  3. Token-level policy-gradient loss (eq. 10), here: every token of the batch weighs the same,
+
+        L = 1 / (sum_i |o_i|) * sum_i sum_t l_{i,t}
+
+  4. Overlong reward shaping — `overlong_penalty` in rewards.py.
+"""
+
+import torch
+
+
+def dapo_aggregate(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, num_items_in_batch: float | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Sum of masked per-token losses / number of completion tokens.
+
+    num_items_in_batch: the token count to divide by. Defaults to this batch's; when one batch is split into
+    micro-batches whose gradients are accumulated, pass the whole batch's count so the normaliser does not
+    change with the micro-batch size.
+    """
+    n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
+    return (per_token_loss * mask).sum() / n.clamp(min=1.0)

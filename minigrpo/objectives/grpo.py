@@ -1,0 +1,49 @@
+"""GRPO's clipped surrogate and its aggregation (DeepSeekMath, Shao et al. 2024, eq. 3).
+
+    J(theta) = 1/G sum_i 1/|o_i| sum_t [ min( rho_{i,t} A_{i,t}, clip(rho_{i,t}, 1-eps_low, 1+eps_high) A_{i,t} )
+                                         - beta * KL_{i,t} ]
+    rho_{i,t} = pi_theta(o_{i,t} | q, o_{i,<t}) / pi_old(o_{i,t} | q, o_{i,<t})
+
+The loss is -J. Two lines of it are the whole of PPO's trust region: the unclipped and the clipped term,
+and the pessimistic min of the two. Every other variant in this folder reuses `clipped_surrogate` and
+changes either the ratio (GSPO), the aggregation (Dr. GRPO, DAPO) or the surrogate itself (CISPO, SAPO, GMPO).
+"""
+
+import torch
+
+from .common import sequence_mean
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float, delta: float | None = None
+) -> torch.Tensor:
+    """Per-token PPO-clip loss, -min(rho A, clip(rho, 1-eps_low, 1+eps_high) A).
+
+    ratio: (B, T) token ratios or (B, 1) sequence ratios; adv: (B, 1) or (B, T). Returns their broadcast shape.
+    delta: two-sided clipping (INTELLECT-2): the unclipped ratio is also capped at delta (> 1 + eps_high),
+        which bounds the update for negative advantages, where plain PPO-clip lets rho grow without limit.
+    """
+    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        ratio = torch.clamp(ratio, max=delta)
+    loss_unclipped = -ratio * adv
+    loss_clipped = -clipped_ratio * adv
+    return torch.max(loss_unclipped, loss_clipped)  # = -min(rho A, clip(rho) A)
+
+
+def grpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO: mean over each sequence's tokens, then mean over sequences — 1/G sum_i 1/|o_i| sum_t.
+
+    The 1/|o_i| gives each token of a short answer more weight than a token of a long one: for a wrong
+    (A < 0) answer, making it longer dilutes its penalty. Dr. GRPO calls this the length bias.
+    """
+    return sequence_mean(per_token_loss, mask).mean()
+
+
+def bnpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """BNPO (TRL's "bnpo"): one mean over all tokens of the (local) batch, sum_{i,t} l_{i,t} / sum_i |o_i|.
+
+    Same formula as DAPO's token-level mean; TRL distinguishes them only under gradient accumulation,
+    where bnpo normalises each micro-batch by its own token count.
+    """
+    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)

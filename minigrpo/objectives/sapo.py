@@ -1,0 +1,22 @@
+"""SAPO — "Soft Adaptive Policy Optimization" (Gao et al. 2025, Qwen).
+
+Hard clipping switches a token's gradient off abruptly at 1 ± eps. SAPO replaces clip(rho) with a smooth
+gate, a scaled sigmoid centred at rho = 1 with a temperature tau per advantage sign:
+
+    f(rho) = 4 / tau * sigmoid(tau * (rho - 1)),      L = -f(rho_{i,t}) * A_{i,t}
+
+At rho = 1 its slope is 1 (the policy gradient); far from 1 it flattens, attenuating off-policy tokens
+gradually. Negative-advantage tokens use a slightly higher temperature (TRL defaults: 1.0 / 1.05).
+Aggregated like GRPO (sequence mean of token means), as TRL does.
+"""
+
+import torch
+
+
+def sapo_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05
+) -> torch.Tensor:
+    """Per-token -(4/tau) sigmoid(tau (rho - 1)) * A, tau = temperature_pos if A > 0 else temperature_neg."""
+    tau = torch.where(adv > 0, temperature_pos, temperature_neg)
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
+    return -gate * adv
