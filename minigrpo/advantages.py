@@ -80,7 +80,8 @@ def group_advantages(
     if group_size < 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"{rewards.numel()} rewards cannot be split into groups of {group_size}")
     unbiased = std == "sample"
-    grouped = rewards.float().view(-1, group_size)  # (num_prompts, G)
+    rewards = rewards if rewards.is_floating_point() else rewards.float()  # float64 stays float64
+    grouped = rewards.view(-1, group_size)  # (num_prompts, G)
 
     group_mean = grouped.nanmean(dim=1, keepdim=True)  # (num_prompts, 1); NaN if the whole group is NaN
     scored = ~grouped.isnan()
@@ -88,14 +89,14 @@ def group_advantages(
 
     centred = grouped - group_mean  # (num_prompts, G)
     if scale == "group":
-        adv = centred / (_nan_std(grouped, 1, unbiased=unbiased).unsqueeze(1) + eps)
+        scale_by = _nan_std(grouped, 1, unbiased=unbiased).unsqueeze(1) + eps  # (num_prompts, 1)
     elif scale == "batch":
-        flat = rewards.float().view(1, -1)
-        adv = centred / (_nan_std(flat, 1, unbiased=unbiased) + eps)
+        scale_by = _nan_std(rewards.view(1, -1), 1, unbiased=unbiased) + eps  # (1,)
     else:
-        adv = centred
-
-    adv = adv.masked_fill(zero_std_group.unsqueeze(1) | ~scored, 0.0)
+        scale_by = torch.ones(1, dtype=grouped.dtype)
+    # With eps = 0 a spread too small for the float type ([0, 1e-30]) has std 0: no usable signal, A = 0.
+    adv = centred / scale_by.clamp(min=torch.finfo(grouped.dtype).tiny)
+    adv = adv.masked_fill(zero_std_group.unsqueeze(1) | ~scored | (scale_by == 0), 0.0)
     zero_std = zero_std_group.repeat_interleave(group_size)
     return adv.view(-1), zero_std
 
@@ -116,14 +117,14 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """
     if group_size < 2:
         raise ValueError("RLOO needs group_size >= 2 (a leave-one-out baseline needs a sibling)")
-    grouped = rewards.float().view(-1, group_size)  # (num_prompts, G)
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)  # (num_prompts, G)
     scored = ~grouped.isnan()
     r = grouped.nan_to_num(0.0)
     count = scored.sum(dim=1, keepdim=True)  # (num_prompts, 1)
     others_sum = r.sum(dim=1, keepdim=True) - r
     others_count = (count - 1).clamp(min=1)
     adv = r - others_sum / others_count
-    adv = adv.masked_fill(~scored | (count < 2), 0.0)
+    adv = adv.masked_fill(~scored | (count < 2) | _all_equal(grouped, 1).unsqueeze(1), 0.0)  # exact 0, no residue
     return adv.view(-1)
 
 

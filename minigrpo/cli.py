@@ -1,0 +1,108 @@
+"""`python -m minigrpo train | eval | plot` (also installed as `minigrpo`).
+
+    minigrpo train                                  # the embedded demo: tiny model, addition, GRPO, on CPU
+    minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
+    minigrpo train --config run.yaml --seed 1       # YAML first, flags override
+    minigrpo eval --model runs/grpo/model --split test
+    minigrpo plot runs/grpo runs/drgrpo --out plots/compare
+
+Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from .config import Config, ConfigError, load_config
+from .rewards import RewardError
+
+
+def _parse_overrides(tokens: list[str]) -> dict:
+    """['--max-steps', '10', '--bf16'] -> {'max_steps': '10', 'bf16': 'true'}; values are coerced by load_config."""
+    overrides, i = {}, 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--"):
+            raise ConfigError(f"{token}: expected a --flag")
+        key, _, value = token[2:].partition("=")
+        if not value:
+            has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            value = tokens[i + 1] if has_value else "true"
+            i += has_value
+        overrides[key.replace("-", "_")] = value
+        i += 1
+    return overrides
+
+
+def cmd_train(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        for f in dataclasses.fields(Config):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            print(f"  --{f.name.replace('_', '-'):32s} {default!r}")
+        return 0
+    overrides = _parse_overrides(argv)
+    cfg = load_config(overrides.pop("config", None), overrides)
+    from .trainer import train
+
+    s = train(cfg)
+    print(
+        f"{s['task']} {s['loss_type']} seed {s['seed']}: greedy accuracy {s['accuracy_before']:.1%} -> "
+        f"{s['accuracy_after']:.1%}, sampled {s['accuracy_before_sampled']:.1%} -> {s['accuracy_after_sampled']:.1%}, "
+        f"{s['steps']} steps in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}"
+    )
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="minigrpo eval", description="Greedy accuracy, sampled accuracy and pass@k.")
+    p.add_argument("--model", default=None, help="model directory or hub name (default: the task's shipped model)")
+    p.add_argument("--task", default="addition")
+    p.add_argument("--split", default="test")
+    p.add_argument("--num-samples", type=int, default=8, help="k samples per problem for pass@1..k")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--limit", type=int, default=None, help="evaluate on the first N problems only")
+    p.add_argument("--device", default="auto")
+    args = p.parse_args(argv)
+    from .evaluate import evaluate
+    from .models import load_model_and_tokenizer, resolve_device
+    from .tasks import get_task
+
+    task = get_task(args.task)
+    model, tokenizer = load_model_and_tokenizer(args.model or task.model_dir, resolve_device(args.device))
+    rows = task.load(args.split)[: args.limit]
+    result = evaluate(model, tokenizer, task, rows, num_samples=args.num_samples, temperature=args.temperature)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_plot(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="minigrpo plot", description="Plot one or several runs on shared axes.")
+    p.add_argument("runs", nargs="+", help="run directories (each with a metrics.jsonl)")
+    p.add_argument("--out", default=None, help="where to write PNGs (default: RUN/plots for one run)")
+    p.add_argument("--window", type=int, default=10, help="moving-average window in steps")
+    args = p.parse_args(argv)
+    from .plots import plot_runs
+
+    out = args.out or (f"{args.runs[0]}/plots" if len(args.runs) == 1 else "plots")
+    for path in plot_runs(args.runs, out, window=args.window):
+        print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
+    if not argv or argv[0] not in commands:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    try:
+        return commands[argv[0]](argv[1:])
+    except (ConfigError, OSError, RewardError) as exc:  # bad input: one line, no traceback
+        print(f"minigrpo {argv[0]}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

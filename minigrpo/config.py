@@ -1,0 +1,176 @@
+"""One flat config for a training run. Field names follow TRL's GRPOConfig wherever the concept is the same,
+so a TRL user can carry a YAML file over; the few minigrpo-only fields say so in their comment.
+
+Set fields from a YAML file (`--config run.yaml`) and/or command-line flags (`--num-generations 8` or
+`--num_generations 8`); flags win. An unknown key or a bad value is a one-line `ConfigError` naming the key.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+__all__ = ["Config", "ConfigError", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A config key that does not exist or a value that does not fit it."""
+
+
+@dataclass
+class Config:
+    # --- model, task, run ---
+    model_name_or_path: str | None = None  # HF hub name or local dir; None = the task's shipped tiny model
+    task: str = "addition"  # minigrpo: a task from minigrpo/tasks ("addition", "think_addition")
+    output_dir: str = "runs/grpo"  # --out
+    seed: int = 0
+    max_steps: int = 400
+    device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
+    bf16: bool = False  # autocast to bfloat16 (GPU); weights stay float32
+    # --- rollout ---
+    num_generations: int = 8  # G, completions per prompt
+    generation_batch_size: int = 128  # completions per step = prompts per step x G
+    max_completion_length: int | None = None  # None = the task's own
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # --- rewards and advantages ---
+    reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])  # see minigrpo/rewards.py
+    reward_weights: list[float] | None = None  # one per reward function; None = all 1
+    scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
+    std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
+    advantage_estimator: str = "grpo"  # minigrpo: "grpo" (group z-score) or "rloo" (leave-one-out)
+    mask_truncated_completions: bool = False  # truncated completions get no loss (DAPO)
+    dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample more until the batch is full
+    max_dynamic_sampling_rounds: int = 4  # minigrpo: give up filling the batch after this many samplings
+    overlong_buffer_len: int = 0  # DAPO's L_cache for the "overlong" reward (0 = a quarter of L_max)
+    # --- objective ---
+    loss_type: str = "grpo"  # grpo, bnpo, dr_grpo, dapo, cispo, sapo, gmpo (TRL's default is "dapo")
+    importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token (GSPO-token)
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; for cispo the cap eps_max (5.0)
+    delta: float | None = None  # two-sided clipping
+    beta: float = 0.0  # KL coefficient; 0 = no reference model at all
+    kl_estimator: str = "k3"  # minigrpo: k1, k2, k3
+    kl_in_reward: bool = False  # minigrpo: fold beta * KL into the reward instead of the loss
+    gmpo_epsilon: float = 0.4  # minigrpo: GMPO's log-space clip range
+    num_iterations: int = 1  # PPO epochs over each batch (TRL's mu)
+    steps_per_generation: int = 1  # optimizer steps (mini-batches) per generated batch
+    # --- optimizer ---
+    learning_rate: float = 1e-4
+    lr_scheduler_type: str = "constant"  # "constant" or "linear" (decay to 0, TRL's default)
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    max_grad_norm: float = 1.0
+    # --- logging and evaluation ---
+    eval_steps: int = 50  # greedy held-out accuracy every N steps (0 = only before and after)
+    eval_num_problems: int = 200  # problems for the in-training eval (before/after use the whole split)
+    eval_num_samples: int = 8  # samples per problem for the sampled accuracy / pass@k at the end
+    eval_limit: int | None = None  # minigrpo: evaluate before/after on the first N test problems (None = all)
+    save_steps: int = 0  # checkpoint every N steps (0 = only the final model)
+    save_model: bool = True  # save the final model (or adapter) into output_dir/model
+    log_completions: bool = True  # minigrpo: write a few sample completions per step to completions.jsonl
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        choices = {
+            "scale_rewards": ("group", "batch", "none"),
+            "std_type": ("sample", "population"),
+            "advantage_estimator": ("grpo", "rloo"),
+            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gmpo"),
+            "importance_sampling_level": ("token", "sequence", "sequence_token"),
+            "kl_estimator": ("k1", "k2", "k3"),
+            "lr_scheduler_type": ("constant", "linear"),
+            "device": ("auto", "cpu", "cuda"),
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        if self.num_generations < 2:
+            raise ConfigError("num_generations: must be >= 2 (a group of one has no baseline)")
+        if self.generation_batch_size % self.num_generations:
+            raise ConfigError(
+                f"generation_batch_size: {self.generation_batch_size} is not a multiple of "
+                f"num_generations={self.num_generations}"
+            )
+        if self.generation_batch_size % self.steps_per_generation:
+            raise ConfigError("steps_per_generation: must divide generation_batch_size")
+        positive = ("max_steps", "num_iterations", "steps_per_generation", "learning_rate", "temperature")
+        for key in positive:
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)!r}")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ConfigError("max_completion_length: must be >= 1")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.beta < 0:
+            raise ConfigError(f"beta: must be >= 0, got {self.beta}")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(
+                f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs"
+            )
+        if self.loss_type == "gmpo" and self.importance_sampling_level != "token":
+            raise ConfigError("importance_sampling_level: gmpo builds its own sequence ratio, use 'token'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+ALIASES = {"out": "output_dir", "model": "model_name_or_path"}  # short flags of the CLI
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Turn a YAML/CLI value into the field's type, or raise a ConfigError naming the key."""
+    is_union = get_origin(annotation) in (Union, UnionType)
+    args = get_args(annotation) if is_union else ()
+    optional = type(None) in args
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{key}: may not be None")
+    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
+    try:
+        if get_origin(base) is list:
+            item_type = get_args(base)[0]
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return [item_type(v.strip() if isinstance(v, str) else v) for v in items]
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes"):
+                return True
+            if str(value).lower() in ("0", "false", "no"):
+                return False
+            raise ValueError(value)
+        if base is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return base(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: cannot read {value!r} as {getattr(base, '__name__', base)}") from None
+
+
+def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Build a Config from an optional YAML file and a dict of overrides (e.g. parsed flags); overrides win."""
+    values: dict[str, Any] = {}
+    if yaml_path:
+        import yaml
+
+        with open(yaml_path) as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{yaml_path}: expected a mapping of config keys, got {type(loaded).__name__}")
+        values.update(loaded)
+    values.update(overrides or {})
+    hints = get_type_hints(Config)
+    known = {f.name for f in dataclasses.fields(Config)}
+    kwargs = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        name = ALIASES.get(name, name)
+        if name not in known:
+            raise ConfigError(f"{key}: unknown config key")
+        kwargs[name] = _coerce(name, value, hints[name])
+    return Config(**kwargs)

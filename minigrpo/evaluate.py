@@ -1,0 +1,76 @@
+"""Held-out evaluation: greedy accuracy, sampled accuracy and pass@k.
+
+Greedy accuracy is deterministic and is the number to compare runs by. Sampled accuracy
+(temperature 1 by default) is what GRPO actually optimizes: the mean reward of the policy's
+own samples. pass@j asks whether at least one of j samples is right.
+
+pass@j uses the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
+Trained on Code", Sec. 2.1): draw n >= j samples per problem, count c correct, then
+
+    pass@j = E_problems[ 1 - C(n - c, j) / C(n, j) ]
+
+All j = 1..k come from the same n = k samples (as nanochat does), so one batch of
+sampling gives the whole curve; pass@1 equals the sampled accuracy.
+"""
+
+import math
+
+import torch
+
+from .rollout import sample_completions
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with ``c`` correct out of ``n`` samples: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every draw of k samples contains a correct one
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _generate_all(model, tokenizer, task, prompts, *, num_generations, batch_size, **sampling):
+    """Completions (grouped by prompt) and their lengths, generated ``batch_size`` sequences at a time."""
+    prompts_per_batch = max(1, batch_size // num_generations)
+    completions, lengths = [], []
+    for start in range(0, len(prompts), prompts_per_batch):
+        rollout = sample_completions(
+            model, tokenizer, prompts[start:start + prompts_per_batch],
+            num_generations=num_generations, max_completion_length=task.max_completion_length, **sampling,
+        )
+        completions += rollout.completions
+        lengths += rollout.completion_lengths.tolist()
+    return completions, lengths
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256) -> dict:
+    """Score ``model`` on ``rows`` (dicts with "prompt" and "answer").
+
+    Always: ``accuracy_greedy``, ``format_greedy`` and ``mean_length_greedy`` (completion
+    tokens, eos included). With ``num_samples = k > 0`` also ``accuracy_sampled``,
+    ``format_sampled``, ``mean_length_sampled`` and ``pass@1`` .. ``pass@k`` from k samples
+    per problem. ``batch_size`` is the number of sequences generated at once.
+    """
+    prompts = [row["prompt"] for row in rows]
+    answers = [row["answer"] for row in rows]
+    results = {"num_problems": len(rows)}
+
+    completions, lengths = _generate_all(model, tokenizer, task, prompts, num_generations=1, batch_size=batch_size, do_sample=False)
+    results["accuracy_greedy"] = sum(task.is_correct(c, a) for c, a in zip(completions, answers)) / len(rows)
+    results["format_greedy"] = sum(task.is_well_formed(c) for c in completions) / len(rows)
+    results["mean_length_greedy"] = sum(lengths) / len(lengths)
+
+    if num_samples > 0:
+        k = num_samples
+        completions, lengths = _generate_all(
+            model, tokenizer, task, prompts, num_generations=k, batch_size=batch_size, do_sample=True, temperature=temperature
+        )
+        correct = [task.is_correct(c, answers[i // k]) for i, c in enumerate(completions)]  # grouped: row i*k.. is prompt i
+        num_correct = [sum(correct[i * k:(i + 1) * k]) for i in range(len(rows))]
+        results["accuracy_sampled"] = sum(correct) / len(correct)
+        results["format_sampled"] = sum(task.is_well_formed(c) for c in completions) / len(completions)
+        results["mean_length_sampled"] = sum(lengths) / len(lengths)
+        for j in range(1, k + 1):
+            results[f"pass@{j}"] = sum(pass_at_k(k, c, j) for c in num_correct) / len(rows)
+    return results

@@ -1,0 +1,138 @@
+"""Reward functions and the scorer that calls them.
+
+A reward function is plain Python with TRL's signature:
+
+    f(prompts: list[str], completions: list[str], **row) -> list[float | None]
+
+`row` holds the dataset columns (e.g. `answer`), each as a list aligned with `completions`, plus
+`completion_ids` (token ids of each completion). Return one float per completion; None means "does not
+apply" (the function is skipped for that completion). The task's own checkers (`correctness`, `format`)
+live with the task in minigrpo/tasks/; the ones here work for any task.
+
+Policy for bad values: a NaN or inf reward marks an unscorable completion. It is kept out of its group's
+baseline and gets advantage 0 (see advantages.py), and the trainer counts it (`frac_reward_nan`).
+A function that raises, returns the wrong number of values or a non-number stops training with a one-line
+error naming the function and the completion.
+"""
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["RewardError", "overlong_penalty", "shuffled", "score_completions", "combine_rewards"]
+
+RewardFunc = Callable[..., list]
+
+
+class RewardError(RuntimeError):
+    """A reward function misbehaved; the message names it and the completion."""
+
+
+def overlong_penalty(max_completion_length: int, buffer_len: int) -> RewardFunc:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), on completion length L in tokens:
+
+        R(L) = 0                                  if L <= L_max - L_cache
+               (L_max - L_cache - L) / L_cache    if L_max - L_cache < L <= L_max   (falls linearly to -1)
+               -1                                 if L > L_max
+    """
+    if not 0 < buffer_len <= max_completion_length:
+        raise ValueError(f"overlong buffer_len must be in 1..{max_completion_length}, got {buffer_len}")
+    soft_start = max_completion_length - buffer_len
+
+    def overlong(prompts, completions, completion_ids, **row):
+        rewards = []
+        for ids in completion_ids:
+            length = len(ids)
+            if length <= soft_start:
+                rewards.append(0.0)
+            elif length <= max_completion_length:
+                rewards.append((soft_start - length) / buffer_len)
+            else:
+                rewards.append(-1.0)
+        return rewards
+
+    return overlong
+
+
+def shuffled(reward_func: RewardFunc, seed: int = 0) -> RewardFunc:
+    """A control: the real rewards of the batch, randomly permuted across its completions.
+
+    The batch gets exactly as many 1s as the real checker would give, but they land on random completions,
+    so the reward has no relation to correctness. If training on it lifts accuracy, the lift did not come
+    from the verifier.
+    """
+    rng = random.Random(seed)
+
+    def random_reward(prompts, completions, **row):
+        rewards = list(reward_func(prompts, completions, **row))
+        rng.shuffle(rewards)
+        return rewards
+
+    random_reward.__name__ = f"random_{getattr(reward_func, '__name__', 'reward')}"
+    return random_reward
+
+
+def _name(func) -> str:
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def _call(func, prompts, completions, rows: dict[str, list]) -> list:
+    """Call one reward function; on an exception, find the first completion it fails on and say so."""
+    try:
+        return list(func(prompts, completions, **rows))
+    except Exception as batch_exc:  # noqa: BLE001 - re-raised with the culprit named
+        for i in range(len(completions)):
+            one_row = {k: v[i : i + 1] for k, v in rows.items()}
+            try:
+                func(prompts[i : i + 1], completions[i : i + 1], **one_row)
+            except Exception as exc:  # noqa: BLE001
+                raise RewardError(
+                    f"reward function {_name(func)!r} raised on completion {i} ({completions[i]!r}): {exc!r}"
+                ) from exc
+        raise RewardError(f"reward function {_name(func)!r} raised on the batch: {batch_exc!r}") from batch_exc
+
+
+def score_completions(
+    reward_funcs: Sequence[RewardFunc],
+    prompts: list[str],
+    completions: list[str],
+    rows: dict[str, list],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call every reward function on the batch. `rows` maps column name -> list of N values.
+
+    Returns:
+        rewards_per_func: (N, F) float, NaN where a function returned None ("does not apply").
+        unscorable: (N,) bool, True where any function returned NaN or inf.
+    """
+    n = len(completions)
+    out = torch.full((n, len(reward_funcs)), float("nan"))
+    unscorable = torch.zeros(n, dtype=torch.bool)
+    for j, func in enumerate(reward_funcs):
+        values = _call(func, prompts, completions, rows)
+        if len(values) != n:
+            raise RewardError(f"reward function {_name(func)!r} returned {len(values)} values for {n} completions")
+        for i, v in enumerate(values):
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                try:
+                    v = float(v)  # numpy / torch scalars
+                except (TypeError, ValueError):
+                    raise RewardError(
+                        f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}"
+                    ) from None
+            if math.isfinite(v):
+                out[i, j] = float(v)
+            else:
+                unscorable[i] = True
+    return out, unscorable
+
+
+def combine_rewards(rewards_per_func: torch.Tensor, unscorable: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
+    """(N, F) -> (N,): r_i = sum_j w_j r_ij over the functions that apply; NaN if unscorable or none applies."""
+    w = torch.as_tensor(list(weights), dtype=rewards_per_func.dtype)
+    total = (rewards_per_func * w).nansum(dim=1)
+    none_applies = rewards_per_func.isnan().all(dim=1)
+    return total.masked_fill(unscorable | none_applies, float("nan"))

@@ -1,0 +1,27 @@
+"""Tasks with checkable answers: a generator, a grader, rewards, data files and a default model.
+
+    from minigrpo.tasks import get_task
+    task = get_task("addition")
+    rows = task.load("test")                       # [{"prompt": "347+586=", "answer": "933"}, ...]
+    task.correctness_reward(prompts, completions, answer=[r["answer"] for r in rows])
+    task.model_dir                                 # data/models/addition: tiny Llama + tokenizer
+
+Known tasks: ``addition`` (fixed format) and ``think_addition`` (the policy chooses how long
+it thinks). ``scripts/make_tiny_world.py`` rebuilds their data and models.
+"""
+
+from .addition import AdditionTask
+from .base import DATA_DIR, Task
+from .think_addition import ThinkAdditionTask
+
+TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask())}
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name``; raises ValueError naming the known tasks otherwise."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+__all__ = ["DATA_DIR", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "get_task"]

@@ -1,0 +1,95 @@
+"""What every task is: a problem generator, a grader, and the reward functions built on the grader.
+
+A task grades and rewards with the same code (as nanochat's tasks do): ``is_correct`` is
+what evaluation counts, and ``correctness_reward`` is that same check turned into 1.0/0.0.
+The reward functions use TRL's signature, ``f(prompts, completions, **row) -> list[float]``,
+where every extra dataset column (here ``answer``) arrives as a list with one entry per
+completion. So they plug into minigrpo's trainer and into ``trl.GRPOTrainer`` alike.
+
+Graders never raise: an empty or garbled completion is simply wrong (0.0).
+"""
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+# data/ sits next to the package in a clone or an editable install: <repo>/minigrpo/tasks/base.py -> <repo>/data.
+# MINIGRPO_DATA_DIR points elsewhere (e.g. for a wheel install that does not ship data/).
+DATA_DIR = Path(os.environ.get("MINIGRPO_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
+
+
+@dataclass(frozen=True)
+class Task:
+    """Base class; subclasses define ``make_problem``, ``target_completion``, ``extract_answer``, ``is_well_formed``."""
+
+    name: str
+    max_completion_length: int  # suggested max new tokens for GRPO on this task (eos included)
+
+    # ---- where the task's files live ----------------------------------------------------------
+    @property
+    def data_dir(self) -> Path:
+        return DATA_DIR / "tasks" / self.name
+
+    @property
+    def model_dir(self) -> Path:
+        """The default policy: a tiny Llama warm-started to ~25% greedy accuracy, with its tokenizer."""
+        return DATA_DIR / "models" / self.name
+
+    def load(self, split: str) -> list[dict]:
+        """Rows ``{"prompt": ..., "answer": ...}`` of ``data/tasks/<name>/<split>.jsonl`` (split: train or test)."""
+        path = self.data_dir / f"{split}.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    # ---- problem generation ---------------------------------------------------------------------
+    def make_problem(self, rng: random.Random) -> dict:
+        """One random problem ``{"prompt": ..., "answer": ...}`` drawn with ``rng``."""
+        raise NotImplementedError
+
+    def target_completion(self, row: dict, rng: random.Random | None = None) -> str:
+        """A correct completion for supervised warm-up (text only; the caller appends eos)."""
+        raise NotImplementedError
+
+    def make_rows(self, n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+        """``n`` distinct problems, deterministic in ``seed``, none whose prompt is in ``exclude``."""
+        rng = random.Random(seed)
+        rows, seen = [], set(exclude)
+        while len(rows) < n:
+            row = self.make_problem(rng)
+            if row["prompt"] not in seen:
+                seen.add(row["prompt"])
+                rows.append(row)
+        return rows
+
+    # ---- grading --------------------------------------------------------------------------------
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer written in ``completion``, or None when there is none."""
+        raise NotImplementedError
+
+    def is_well_formed(self, completion: str) -> bool:
+        """Whether ``completion`` has the task's output format (right or wrong)."""
+        raise NotImplementedError
+
+    def is_correct(self, completion: str, answer: str) -> bool:
+        predicted = self.extract_answer(_text(completion))
+        return predicted is not None and predicted == str(answer).strip()
+
+    # ---- rewards (TRL's reward-function signature) ----------------------------------------------
+    def correctness_reward(self, prompts, completions, answer, **row) -> list[float]:
+        """1.0 for a correct final answer, else 0.0. ``answer`` holds one reference per completion."""
+        return [float(self.is_correct(c, a)) for c, a in zip(completions, answer, strict=True)]
+
+    def format_reward(self, prompts, completions, **row) -> list[float]:
+        """1.0 for a well-formed completion, else 0.0; says nothing about correctness."""
+        return [float(self.is_well_formed(_text(c))) for c in completions]
+
+
+def _text(completion) -> str:
+    """Completion text; also accepts TRL's conversational form ``[{"role": ..., "content": ...}]``."""
+    if isinstance(completion, list):
+        completion = completion[-1]["content"] if completion else ""
+    return completion or ""

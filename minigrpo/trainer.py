@@ -1,0 +1,310 @@
+"""The GRPO training loop, top to bottom.
+
+    for each step:
+        sample    G completions for each of (generation_batch_size / G) prompts      rollout.py
+        score     every completion with every reward function                          rewards.py, tasks/
+        advantage group-relative (or RLOO), per completion                             advantages.py
+        optimise  num_iterations x steps_per_generation mini-batches of the loss       objectives/
+        log       one JSON line of metrics                                             metrics.jsonl
+
+What this loop simplifies, on purpose:
+  * One process, one device; generation with the policy's own `generate` (no separate inference engine).
+  * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
+    when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
+    old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
+  * The reference policy (beta > 0) is a frozen copy of the starting weights, made once.
+  * No gradient accumulation: each mini-batch is one optimizer step.
+"""
+
+import copy
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
+from .config import Config, ConfigError
+from .evaluate import evaluate
+from .logprobs import completion_logprobs
+from .models import load_model_and_tokenizer, resolve_device
+from .objectives import policy_loss
+from .rewards import RewardError, combine_rewards, overlong_penalty, score_completions, shuffled
+from .rollout import Rollout, sample_completions
+from .tasks import Task, get_task
+
+__all__ = ["train", "build_reward_funcs"]
+
+
+def build_reward_funcs(names: list[str], task: Task, max_completion_length: int, cfg: Config):
+    """Reward names -> functions: correctness, format (the task's), overlong (DAPO), random (control)."""
+    funcs = []
+    for name in names:
+        if name == "correctness":
+            funcs.append(task.correctness_reward)
+        elif name == "format":
+            funcs.append(task.format_reward)
+        elif name == "overlong":
+            funcs.append(overlong_penalty(max_completion_length, cfg.overlong_buffer_len or max(1, max_completion_length // 4)))
+        elif name == "random":
+            funcs.append(shuffled(task.correctness_reward, seed=cfg.seed))
+        else:
+            raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, overlong, random)")
+    return funcs
+
+
+class PromptSampler:
+    """Endless shuffled passes over the training rows, deterministic in the seed."""
+
+    def __init__(self, rows: list[dict], seed: int):
+        self.rows, self.rng, self.order = rows, random.Random(seed), []
+
+    def take(self, n: int) -> list[dict]:
+        batch = []
+        while len(batch) < n:
+            if not self.order:
+                self.order = list(range(len(self.rows)))
+                self.rng.shuffle(self.order)
+            batch.append(self.rows[self.order.pop()])
+        return batch
+
+
+def _pad_cat(tensors: list[torch.Tensor], value, left: bool = False) -> torch.Tensor:
+    """Concatenate (b_i, T_i) tensors along dim 0, padding T to the longest (on the left for prompts)."""
+    width = max(t.shape[1] for t in tensors)
+    pad = lambda t: torch.nn.functional.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value)  # noqa: E731
+    return torch.cat([pad(t) for t in tensors])
+
+
+def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model, pad_id) -> dict:
+    """Sample, score and compute advantages for one batch. With dynamic_sampling (DAPO), groups whose rewards
+    are all equal are dropped and more prompts are sampled until the batch is full (or rounds run out)."""
+    G = cfg.num_generations
+    num_prompts = cfg.generation_batch_size // G
+    kept, seen_zero_std, rounds = [], [], 0
+    while sum(len(part["rows"]) for part in kept) < num_prompts * G and rounds < cfg.max_dynamic_sampling_rounds:
+        rounds += 1
+        rows = sampler.take(num_prompts)
+        roll = sample_completions(
+            model, tokenizer, [r["prompt"] for r in rows], num_generations=G, max_completion_length=max_len,
+            temperature=cfg.temperature, top_p=cfg.top_p,
+        )
+        rows = [r for r in rows for _ in range(G)]  # one row per completion, grouped like the rollout
+        columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+        columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(roll.completion_ids, roll.completion_mask)]
+        rewards_per_func, unscorable = score_completions(reward_funcs, [r["prompt"] for r in rows], roll.completions, columns)
+        rewards = combine_rewards(rewards_per_func, unscorable, weights)  # (N,), NaN = unscorable
+        if cfg.kl_in_reward and cfg.beta > 0:
+            with torch.no_grad():
+                args = (roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask)
+                logp, _ = completion_logprobs(model, *args, temperature=cfg.temperature)
+                ref_logp, _ = completion_logprobs(ref_model, *args, temperature=cfg.temperature)
+            rewards = kl_penalized_rewards(rewards, logp.cpu(), ref_logp.cpu(), roll.completion_mask.cpu(), cfg.beta)
+        if cfg.advantage_estimator == "rloo":
+            adv = rloo_advantages(rewards, G)
+            _, zero_std = group_advantages(rewards, G)
+        else:
+            adv, zero_std = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
+        seen_zero_std.append(zero_std)
+        keep = ~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)
+        idx = keep.nonzero().squeeze(1)
+        kept.append({
+            "roll": roll, "idx": idx, "rows": [rows[i] for i in idx], "adv": adv[idx], "rewards": rewards[idx],
+            "rewards_per_func": rewards_per_func[idx], "zero_std": zero_std[idx],
+        })
+        if not cfg.dynamic_sampling:
+            break
+    take = lambda f: [f(p) for p in kept]  # noqa: E731
+    n = num_prompts * G  # dynamic sampling may overfill by whole groups: trim to the batch size
+    batch = {
+        "prompt_ids": _pad_cat(take(lambda p: p["roll"].prompt_ids[p["idx"]]), pad_id, left=True)[:n],
+        "prompt_mask": _pad_cat(take(lambda p: p["roll"].prompt_mask[p["idx"]]), 0, left=True)[:n],
+        "completion_ids": _pad_cat(take(lambda p: p["roll"].completion_ids[p["idx"]]), pad_id)[:n],
+        "completion_mask": _pad_cat(take(lambda p: p["roll"].completion_mask[p["idx"]]), 0.0)[:n],
+        "is_truncated": torch.cat(take(lambda p: p["roll"].is_truncated[p["idx"]]))[:n],
+        "completions": sum(take(lambda p: [p["roll"].completions[i] for i in p["idx"]]), [])[:n],
+        "rows": sum(take(lambda p: p["rows"]), [])[:n],
+    }
+    for key in ("adv", "rewards", "rewards_per_func", "zero_std"):
+        batch[key] = torch.cat(take(lambda p: p[key]))[:n]
+    # Logged zero-std fraction is of what was *sampled*, so dynamic sampling does not hide it.
+    batch["frac_reward_zero_std"] = torch.cat(seen_zero_std).float().mean().item()
+    batch["sampling_rounds"] = rounds
+    return batch
+
+
+def _lr_lambda(cfg: Config):
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+        decay = max(0.0, 1 - step / cfg.max_steps) if cfg.lr_scheduler_type == "linear" else 1.0
+        return warm * decay
+
+    return factor
+
+
+def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = True) -> dict:
+    """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, summary.json, plots/}.
+
+    reward_funcs: your own reward functions (TRL's signature, see rewards.py); they replace cfg.reward_funcs.
+    """
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    task = get_task(cfg.task)
+    model, tokenizer = load_model_and_tokenizer(cfg.model_name_or_path or task.model_dir, device)
+    max_len = cfg.max_completion_length or task.max_completion_length
+    if reward_funcs is None:
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+    reward_names = [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(reward_funcs)]
+    weights = cfg.reward_weights or [1.0] * len(reward_funcs)
+    if len(weights) != len(reward_funcs):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
+    train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
+    if not train_rows:
+        raise ConfigError(f"task: the train split of {task.name!r} is empty")
+    context = getattr(model.config, "max_position_embeddings", None)
+    longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in train_rows)
+    if context is not None and longest_prompt + max_len > context:
+        raise ConfigError(
+            f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({max_len}) exceeds the "
+            f"model's context of {context} tokens"
+        )
+    ref_model = None
+    if cfg.beta > 0:
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    metrics_file = open(out / "metrics.jsonl", "w")
+    eval_rows = test_rows[: cfg.eval_num_problems]
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
+
+    before = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    sampler = PromptSampler(train_rows, cfg.seed)
+    G, wall_seconds = cfg.num_generations, 0.0
+    bar = tqdm(range(1, cfg.max_steps + 1), desc="grpo", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        t0 = time.perf_counter()
+        # 1-3. Sample, score, advantages.
+        with autocast():
+            batch = collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model,
+                                  tokenizer.pad_token_id)
+        t_generate = time.perf_counter() - t0
+        ids = [batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+        adv = batch["adv"].to(device)
+        loss_mask = ids[3] * (~batch["is_truncated"].to(device)).unsqueeze(1) if cfg.mask_truncated_completions else ids[3]
+        N = adv.shape[0]
+
+        # 4. Old and reference log-probs, once per batch, only when needed.
+        needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1
+        with torch.no_grad(), autocast():
+            old_logp = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
+            use_ref = cfg.beta > 0 and not cfg.kl_in_reward
+            ref_logp = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
+
+        # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
+        model.train()
+        step_stats, mb_size = [], N // cfg.steps_per_generation
+        for _ in range(cfg.num_iterations):
+            for mb in torch.randperm(N).split(mb_size):
+                mb_ids = [t[mb] for t in ids]
+                with autocast():
+                    logp, entropy = completion_logprobs(model, *mb_ids, temperature=cfg.temperature, with_entropy=True)
+                loss, stats = policy_loss(
+                    logp, logp.detach() if old_logp is None else old_logp[mb], adv[mb], loss_mask[mb],
+                    loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
+                    epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
+                    beta=0.0 if ref_logp is None else cfg.beta, ref_logp=None if ref_logp is None else ref_logp[mb],
+                    kl_estimator=cfg.kl_estimator, max_completion_length=max_len,
+                    num_items_in_batch=loss_mask.sum() / cfg.steps_per_generation, gmpo_epsilon=cfg.gmpo_epsilon,
+                )
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+                optimizer.step()
+                stats.update(loss=loss.item(), grad_norm=grad_norm,
+                             entropy=((entropy * mb_ids[3]).sum() / mb_ids[3].sum().clamp(min=1)).item())
+                step_stats.append(stats)
+        learning_rate = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step_seconds = time.perf_counter() - t0
+        wall_seconds += step_seconds
+
+        # 6. Log one line.
+        row = {"step": step, **step_metrics(batch, step_stats, task, reward_names)}
+        row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
+                   tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
+        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+            row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
+        metrics_file.write(json.dumps(row) + "\n")
+        metrics_file.flush()
+        bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
+    metrics_file.close()
+
+    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    if cfg.save_model:
+        model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+    summary = {
+        "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "loss_type": cfg.loss_type,
+        "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
+        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
+        "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),
+        "completion_length_before": before.get("completion_length_mean"), "completion_length_after": after.get("completion_length_mean"),
+        "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
+        "device": str(device), "torch": torch.__version__,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    from .plots import plot_runs
+
+    plot_runs([out], out / "plots")
+    return summary
+
+
+def step_metrics(batch: dict, step_stats: list[dict], task: Task, reward_names: list[str]) -> dict:
+    """The per-step numbers of metrics.jsonl, named as TRL logs them where TRL has the same quantity."""
+    rewards, adv, mask = batch["rewards"], batch["adv"], batch["completion_mask"]
+    lengths = mask.sum(1)
+    correct = torch.tensor([task.is_correct(c, r["answer"]) for c, r in zip(batch["completions"], batch["rows"])])
+    scored = ~rewards.isnan()
+    row = {
+        "loss": _mean(s["loss"] for s in step_stats),
+        "reward": rewards[scored].mean().item() if scored.any() else math.nan,
+        "reward_std": rewards[scored].std().item() if scored.sum() > 1 else 0.0,
+        "frac_reward_zero_std": batch["frac_reward_zero_std"],
+        "frac_reward_nan": (~scored).float().mean().item(),
+        "accuracy": correct.float().mean().item(),
+        "advantages/mean": adv.mean().item(), "advantages/std": adv.std().item(),
+        "advantages/min": adv.min().item(), "advantages/max": adv.max().item(),
+        "advantages": [round(a, 4) for a in adv.tolist()],
+        "completion_length_mean": lengths.mean().item(),
+        "completion_length_min": lengths.min().item(), "completion_length_max": lengths.max().item(),
+        "completion_length_correct_mean": lengths[correct].mean().item() if correct.any() else None,
+        "completion_length_incorrect_mean": lengths[~correct].mean().item() if (~correct).any() else None,
+        "clipped_ratio": batch["is_truncated"].float().mean().item(),
+        "sampling_rounds": batch["sampling_rounds"],
+    }
+    for j, name in enumerate(reward_names):
+        col = batch["rewards_per_func"][:, j]
+        row[f"rewards/{name}/mean"] = col.nanmean().item()
+        row[f"rewards/{name}/std"] = col[~col.isnan()].std().item() if (~col.isnan()).sum() > 1 else 0.0
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean", "approx_kl",
+                "entropy", "grad_norm"):
+        row[key] = _mean(s[key] for s in step_stats)
+    row["kl"] = _mean(s["kl"] for s in step_stats) if "kl" in step_stats[0] else None
+    return row
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)

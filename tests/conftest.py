@@ -1,0 +1,22 @@
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory):
+    """A very small random Llama + the project's tokenizer, saved with save_pretrained like any local model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from minigrpo.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("random_model")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
