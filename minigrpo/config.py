@@ -61,7 +61,7 @@ class Config:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
+    adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
     # --- logging and evaluation ---
     eval_steps: int = 50  # greedy held-out accuracy every N steps (0 = only before and after)

@@ -260,7 +260,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
         "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
         "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),
-        "completion_length_before": before.get("completion_length_mean"), "completion_length_after": after.get("completion_length_mean"),
+        "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
         "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
         "device": str(device), "torch": torch.__version__,
     }
