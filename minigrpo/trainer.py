@@ -111,6 +111,9 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
             adv, zero_std = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
         seen_zero_std.append(zero_std)
         keep = ~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)
+        last_round = rounds == cfg.max_dynamic_sampling_rounds
+        if cfg.dynamic_sampling and last_round and not kept and not keep.any():
+            keep = torch.ones_like(zero_std)  # nothing to learn from in any round: keep one batch (all A = 0)
         idx = keep.nonzero().squeeze(1)
         kept.append({
             "roll": roll, "idx": idx, "rows": [rows[i] for i in idx], "adv": adv[idx], "rewards": rewards[idx],
@@ -118,6 +121,7 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
         })
         if not cfg.dynamic_sampling:
             break
+        kept = [part for part in kept if len(part["rows"])]
     take = lambda f: [f(p) for p in kept]  # noqa: E731
     n = num_prompts * G  # dynamic sampling may overfill by whole groups: trim to the batch size
     batch = {

@@ -88,3 +88,12 @@ def test_nan_rewards_are_counted_and_harmless(tmp_path, random_model_dir):
     _, lines = run(tmp_path, random_model_dir, funcs=[sometimes_nan])
     assert lines[0]["frac_reward_nan"] == pytest.approx(0.25)
     assert lines[0]["loss"] == lines[0]["loss"]  # not NaN
+
+
+def test_dynamic_sampling_with_no_signal_at_all_does_not_crash(tmp_path, random_model_dir):
+    def constant(prompts, completions, **row):
+        return [1.0] * len(completions)  # every group has zero std, in every sampling round
+
+    _, lines = run(tmp_path, random_model_dir, funcs=[constant], dynamic_sampling=True, max_dynamic_sampling_rounds=2)
+    assert lines[0]["frac_reward_zero_std"] == 1.0 and lines[0]["sampling_rounds"] == 2
+    assert lines[0]["loss"] == 0.0 and lines[0]["advantages/max"] == 0.0
