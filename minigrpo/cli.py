@@ -1,6 +1,6 @@
 """`python -m minigrpo train | eval | plot` (also installed as `minigrpo`).
 
-    minigrpo train                                  # the embedded demo: tiny model, addition, GRPO, on CPU
+    minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
     minigrpo train --config run.yaml --seed 1       # YAML first, flags override
     minigrpo eval --model runs/grpo/model --split test
@@ -47,10 +47,13 @@ def cmd_train(argv: list[str]) -> int:
     from .trainer import train
 
     s = train(cfg)
+    sampled = ""
+    if s["accuracy_before_sampled"] is not None:
+        sampled = f", sampled {s['accuracy_before_sampled']:.1%} -> {s['accuracy_after_sampled']:.1%}"
     print(
         f"{s['task']} {s['loss_type']} seed {s['seed']}: greedy accuracy {s['accuracy_before']:.1%} -> "
-        f"{s['accuracy_after']:.1%}, sampled {s['accuracy_before_sampled']:.1%} -> {s['accuracy_after_sampled']:.1%}, "
-        f"{s['steps']} steps in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}"
+        f"{s['accuracy_after']:.1%}{sampled}, {s['steps']} steps in {s['wall_seconds']:.0f} s of training. "
+        f"Run: {cfg.output_dir}"
     )
     return 0
 
@@ -58,7 +61,7 @@ def cmd_train(argv: list[str]) -> int:
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="minigrpo eval", description="Greedy accuracy, sampled accuracy and pass@k.")
     p.add_argument("--model", default=None, help="model directory or hub name (default: the task's shipped model)")
-    p.add_argument("--task", default="addition")
+    p.add_argument("--task", default=Config.task)
     p.add_argument("--split", default="test")
     p.add_argument("--num-samples", type=int, default=8, help="k samples per problem for pass@1..k")
     p.add_argument("--temperature", type=float, default=1.0)

@@ -21,10 +21,10 @@ class ConfigError(ValueError):
 class Config:
     # --- model, task, run ---
     model_name_or_path: str | None = None  # HF hub name or local dir; None = the task's shipped tiny model
-    task: str = "addition"  # minigrpo: a task from minigrpo/tasks ("addition", "think_addition")
+    task: str = "think_addition"  # minigrpo: a task from minigrpo/tasks ("think_addition", "addition")
     output_dir: str = "runs/grpo"  # --out
     seed: int = 0
-    max_steps: int = 400
+    max_steps: int = 150
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
     bf16: bool = False  # autocast to bfloat16 (GPU); weights stay float32
     # --- rollout ---

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-__all__ = ["load_metrics", "plot_curve", "plot_advantage_histogram", "plot_runs", "smooth"]
+__all__ = ["load_metrics", "plot_curve", "plot_advantage_histogram", "plot_before_after", "plot_runs", "smooth"]
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
@@ -70,6 +70,18 @@ def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] |
     return ax
 
 
+def plot_before_after(run_dirs: list[str | Path], ax) -> None:
+    """Mark each run's greedy accuracy before and after training (summary.json, the whole test split) on ax."""
+    for d in run_dirs:
+        path = Path(d) / "summary.json"
+        if path.exists():
+            s = json.loads(path.read_text())
+            ax.plot([0, s["steps"]], [s["accuracy_before"], s["accuracy_after"]], "k*", markersize=9,
+                    label=f"{Path(d).name}: before / after ({s['num_test_problems']} test problems)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
 def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 10) -> list[Path]:
     """Write the standard figures for one or several runs into out_dir; returns the PNG paths."""
     out_dir = Path(out_dir)
@@ -95,6 +107,8 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
         for ax, (key, ylabel, title) in zip(axes[0], panels):
             plot_curve(runs, key, ax=ax, ylabel=ylabel, title=title, window=1 if key.startswith("eval/") else window,
                        style="o-" if key.startswith("eval/") else "-")
+        if filename == "accuracy.png":
+            plot_before_after(run_dirs, axes[0][0])
         fig.tight_layout()
         fig.savefig(out_dir / filename, dpi=100)
         plt.close(fig)
