@@ -98,7 +98,7 @@ def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int
         for key, style, part in parts:
             xs, values = _series(metrics, key)
             if xs:
-                ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}")
+                ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
     ax.set_xlabel("step")
     ax.set_ylabel("tokens per completion (eos included)")
     ax.set_title(title or "completion length (training samples)")
@@ -133,12 +133,12 @@ def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title
     """One GRPO run on a 2 x 3 grid: reward, held-out accuracy, zero-std groups, completion lengths, advantage
     histograms, entropy and clipping. Returns the figure. summary (summary.json) adds the before / after marks."""
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
-    run = {title or "run": metrics}
+    run = {"": metrics}  # one run: the figure's title names it, the panels need no legend for it
     plot_curve(run, "reward", ax=axes[0, 0], ylabel="mean reward (= accuracy of the samples)", window=window,
                title="reward of the training samples")
-    plot_curve(run, "eval/accuracy_greedy", ax=axes[0, 1], ylabel="greedy accuracy", window=1, style="o-",
-               title="held-out greedy accuracy",
-               start={title or "run": summary["accuracy_before"]} if summary else None)
+    plot_curve({"during training": metrics}, "eval/accuracy_greedy", ax=axes[0, 1], ylabel="greedy accuracy", window=1,
+               style="o-", title="held-out greedy accuracy",
+               start={"during training": summary["accuracy_before"]} if summary else None)
     if summary:
         axes[0, 1].plot([summary["steps"]], [summary["accuracy_after"]], "k*", markersize=10,
                         label=f"after ({summary['num_test_problems']} problems)")
@@ -148,6 +148,9 @@ def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title
     plot_completion_lengths(run, ax=axes[1, 0], window=window)
     plot_advantage_histogram(metrics, ax=axes[1, 1])
     plot_curve(run, "entropy", ax=axes[1, 2], ylabel="nats / token", window=window, title="policy entropy")
+    for ax in (axes[0, 0], axes[0, 2], axes[1, 2]):
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
     fig.suptitle(title)
     fig.tight_layout()
     return fig
