@@ -114,6 +114,7 @@ def train_sft(
     out.mkdir(parents=True, exist_ok=True)
     settings = dict(task=task, model_name_or_path=model_name_or_path, max_steps=max_steps, max_seconds=max_seconds,
                     learning_rate=learning_rate, warmup_steps=warmup_steps, batch_size=batch_size, seed=seed,
+                    eval_steps=eval_steps, eval_num_problems=eval_num_problems, eval_limit=eval_limit,
                     target_completion=getattr(target_completion, "__name__", repr(target_completion)))
     (out / "sft_config.json").write_text(json.dumps(settings, indent=2) + "\n")
 

@@ -24,11 +24,13 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: int | None = None) -> nbformat.NotebookNode:
+def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: int | None = None,
+                     workdir: Path | None = None) -> nbformat.NotebookNode:
     """Run every cell of the notebook at `path` in a new python3 kernel; raises on the first failing cell.
 
     fast: MINIGRPO_FAST=1 for the kernel. timeout: seconds per cell. threads: OMP_NUM_THREADS for the kernel
-    (None: inherit).
+    (None: inherit). workdir: the kernel's working directory, where live runs are written (default: the
+    notebook's folder).
     """
     notebook = nbformat.read(path, as_version=4)
     env = {"MINIGRPO_FAST": "1" if fast else "0",
@@ -39,7 +41,7 @@ def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: in
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
         client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}})
+                                resources={"metadata": {"path": str(workdir or path.parent)}})
         client.execute()
     finally:
         for key, value in saved.items():
