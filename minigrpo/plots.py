@@ -1,23 +1,41 @@
-"""Plots of training runs, read from their metrics.jsonl. The CLI (`minigrpo plot`) and the notebooks call
-these same functions, so they always draw the same picture.
+"""Plots of training runs and of the math, for the CLI (`minigrpo plot`) and the notebooks alike, so both
+always draw the same picture.
 
-Every function takes one or more run directories (or already-loaded metric lists) and draws them on
-shared axes, one line per run, labelled by the run's name.
+Training runs (read from metrics.jsonl / summary.json): `plot_curve`, `plot_completion_lengths`,
+`plot_advantage_histogram`, `plot_run_overview` (one run on one figure), `plot_before_after`, `plot_runs` (the CLI's standard figures). They take
+{label: metrics} and draw every run on shared axes, one line per run.
+
+The math (notebooks 01 and 02): `plot_advantage_vs_num_correct`, `plot_histograms`, `plot_token_heatmap`,
+`plot_surrogate`, `plot_kl_samples`, `plot_token_ratios`. They draw numbers computed by the package's own
+functions (passed in as tensors or as callables), never a re-implementation.
+
+Every function draws on `ax` when given one (else on a new figure) and returns the axes.
 """
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import torch
 
-__all__ = ["load_metrics", "plot_curve", "plot_advantage_histogram", "plot_before_after", "plot_runs", "smooth"]
+__all__ = [
+    "load_metrics", "load_summary", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
+    "plot_run_overview", "plot_before_after", "plot_runs", "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
+    "plot_surrogate", "plot_kl_samples", "plot_token_ratios",
+]
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
     """The lines of run_dir/metrics.jsonl, one dict per step."""
     with open(Path(run_dir) / "metrics.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def load_summary(run_dir: str | Path) -> dict:
+    """run_dir/summary.json: accuracy before / after, wall time, steps."""
+    return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -31,20 +49,37 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
-    points = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+X_LABELS = {"step": "step", "seconds": "training time (s, evaluation excluded)"}
+
+
+def _series(metrics: list[dict], key: str, x: str = "step") -> tuple[list[float], list[float]]:
+    """(x, value) of every line that has `key`; x = "step", or "seconds": training time summed over step_seconds."""
+    if x not in X_LABELS:
+        raise ValueError(f"x must be one of {list(X_LABELS)}, got {x!r}")
+    points, seconds = [], 0.0
+    for m in metrics:
+        seconds += m.get("step_seconds", 0.0)
+        if m.get(key) is not None:
+            points.append((m["step"] if x == "step" else seconds, m[key]))
     return [p[0] for p in points], [p[1] for p in points]
 
 
 def plot_curve(runs: dict[str, list[dict]], key: str, *, ax=None, ylabel: str | None = None, title: str | None = None,
-               window: int = 10, style: str = "-"):
-    """One metric against the step, for every run in {label: metrics}; smoothed with a trailing window."""
+               window: int = 10, style: str = "-", x: str = "step", start: dict[str, float] | None = None):
+    """One metric against the step (or training time, x="seconds"), for every run in {label: metrics}.
+
+    window: trailing moving average (1 = raw). start: {label: value at step 0} prepended to that run's line, e.g.
+    the accuracy before training from summary.json, so an evaluation curve starts where training started.
+    """
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
     for label, metrics in runs.items():
-        steps, values = _series(metrics, key)
-        if steps:
-            ax.plot(steps, smooth(values, window) if window > 1 else values, style, label=label)
-    ax.set_xlabel("step")
+        xs, values = _series(metrics, key, x)
+        if xs:
+            values = smooth(values, window) if window > 1 else values
+            if start and label in start:
+                xs, values = [0, *xs], [start[label], *values]
+            ax.plot(xs, values, style, label=label)
+    ax.set_xlabel(X_LABELS[x])
     ax.set_ylabel(ylabel or key)
     ax.set_title(title or key)
     ax.grid(alpha=0.3)
@@ -53,21 +88,72 @@ def plot_curve(runs: dict[str, list[dict]], key: str, *, ax=None, ylabel: str | 
     return ax
 
 
+def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int = 5, title: str | None = None):
+    """Completion length per step: all completions (solid), correct ones (dashed), wrong ones (dotted); one colour
+    per run. On think_addition a correct answer is long: it wrote its scratchpad."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    parts = (("completion_length_mean", "-", "all"), ("completion_length_correct_mean", "--", "correct"),
+             ("completion_length_incorrect_mean", ":", "wrong"))
+    for i, (label, metrics) in enumerate(runs.items()):
+        for key, style, part in parts:
+            xs, values = _series(metrics, key)
+            if xs:
+                ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens per completion (eos included)")
+    ax.set_title(title or "completion length (training samples)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return ax
+
+
 def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] | None = None, title: str | None = None):
-    """Histogram of the raw advantages logged at a few steps (first, middle, last by default)."""
+    """Histogram of the raw advantages logged at a few steps (first, middle, last by default), on shared bins."""
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
     logged = [m for m in metrics if m.get("advantages")]
     if steps is None and logged:
         steps = sorted({logged[0]["step"], logged[len(logged) // 2]["step"], logged[-1]["step"]})
-    for m in logged:
-        if m["step"] in (steps or []):
-            ax.hist(m["advantages"], bins=30, alpha=0.5, label=f"step {m['step']}")
+    chosen = [m for m in logged if m["step"] in (steps or [])]
+    if chosen:
+        low = min(min(m["advantages"]) for m in chosen)
+        high = max(max(m["advantages"]) for m in chosen)
+        bins = torch.linspace(low, high if high > low else low + 1, 31).tolist()
+        for m in chosen:
+            ax.hist(m["advantages"], bins=bins, alpha=0.45, label=f"step {m['step']}")
     ax.set_xlabel("advantage")
     ax.set_ylabel("completions")
     ax.set_title(title or "advantages (zero-std groups pile up at 0)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     return ax
+
+
+def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title: str = "", window: int = 3):
+    """One GRPO run on a 2 x 3 grid: reward, held-out accuracy, zero-std groups, completion lengths, advantage
+    histograms, entropy and clipping. Returns the figure. summary (summary.json) adds the before / after marks."""
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    run = {"": metrics}  # one run: the figure's title names it, the panels need no legend for it
+    plot_curve(run, "reward", ax=axes[0, 0], ylabel="mean reward (= accuracy of the samples)", window=window,
+               title="reward of the training samples")
+    plot_curve({"during training": metrics}, "eval/accuracy_greedy", ax=axes[0, 1], ylabel="greedy accuracy", window=1,
+               style="o-", title="held-out greedy accuracy",
+               start={"during training": summary["accuracy_before"]} if summary else None)
+    if summary:
+        axes[0, 1].plot([summary["steps"]], [summary["accuracy_after"]], "k*", markersize=10,
+                        label=f"after ({summary['num_test_problems']} problems)")
+        axes[0, 1].legend(fontsize=8)
+    plot_curve(run, "frac_reward_zero_std", ax=axes[0, 2], ylabel="fraction of groups", window=window,
+               title="frac_reward_zero_std (groups with no signal)")
+    plot_completion_lengths(run, ax=axes[1, 0], window=window)
+    plot_advantage_histogram(metrics, ax=axes[1, 1])
+    plot_curve(run, "entropy", ax=axes[1, 2], ylabel="nats / token", window=window, title="policy entropy")
+    for ax in (axes[0, 0], axes[0, 2], axes[1, 2]):
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def plot_before_after(run_dirs: list[str | Path], ax) -> None:
@@ -121,3 +207,154 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
     plt.close(fig)
     paths.append(out_dir / "advantages.png")
     return paths
+
+
+# ---- the math, for notebooks 01 and 02 ----------------------------------------------------------------------
+def plot_advantage_vs_num_correct(schemes: dict[str, Callable], group_size: int, *, ax=None, title: str | None = None):
+    """Advantage of a right answer (solid) and of a wrong one (dashed) when k of the G answers are right.
+
+    schemes: {label: f(rewards (G,)) -> advantages (G,)}, e.g. a lambda calling `group_advantages`; each is called
+    on the 0/1 rewards [1]*k + [0]*(G-k) for k = 0..G. At k = 0 and k = G every advantage is 0: nothing to learn.
+    """
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    num_correct = list(range(group_size + 1))
+    for i, (label, scheme) in enumerate(schemes.items()):
+        right, wrong = [], []
+        for k in num_correct:
+            rewards = torch.tensor([1.0] * k + [0.0] * (group_size - k))
+            adv = scheme(rewards)
+            right.append(adv[0].item() if k > 0 else math.nan)  # no right answer to score when k = 0
+            wrong.append(adv[-1].item() if k < group_size else math.nan)
+        ax.plot(num_correct, right, "o-", color=f"C{i}", label=f"{label}: right answer")
+        ax.plot(num_correct, wrong, "s--", color=f"C{i}", alpha=0.7, label=f"{label}: wrong answer")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel(f"right answers in the group (k of G = {group_size})")
+    ax.set_ylabel("advantage")
+    ax.set_title(title or "advantage of a right and a wrong answer vs the group's success")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_histograms(values: dict[str, torch.Tensor], *, ax=None, bins: int = 40, xlabel: str = "advantage",
+                    ylabel: str = "completions", title: str | None = None):
+    """Overlaid histograms on shared bins, one per entry of {label: values (N,)} (NaNs dropped)."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    cleaned = {label: torch.as_tensor(v, dtype=torch.float64).flatten() for label, v in values.items()}
+    cleaned = {label: v[~v.isnan()] for label, v in cleaned.items()}
+    low = min(v.min().item() for v in cleaned.values())
+    high = max(v.max().item() for v in cleaned.values())
+    edges = torch.linspace(low, high if high > low else low + 1, bins + 1).tolist()
+    for label, v in cleaned.items():
+        ax.hist(v.tolist(), bins=edges, histtype="step", lw=1.8, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or "")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_token_heatmap(values: torch.Tensor, mask: torch.Tensor | None = None, *, ax=None,
+                       tokens: list[list[str]] | None = None, row_labels: list[str] | None = None,
+                       title: str | None = None, colorbar_label: str = "advantage", fmt: str = "{:+.2f}",
+                       limit: float | None = None):
+    """A (N, T) per-token quantity as a heat map: rows = completions, columns = token positions.
+
+    Diverging colours centred on 0 (red < 0 < blue); positions where mask is 0 (padding) are left blank. tokens:
+    text of each token, printed in its cell above the value; row_labels: one name per completion; limit: the
+    colour scale's +-range (default: the largest |value|) — give several maps the same one to compare them.
+    """
+    values = torch.as_tensor(values, dtype=torch.float64).detach()
+    mask = torch.ones_like(values) if mask is None else torch.as_tensor(mask, dtype=torch.float64)
+    shown = values.masked_fill(mask == 0, math.nan)
+    N, T = values.shape
+    ax = ax or plt.subplots(figsize=(min(1.0 + 0.75 * T, 14), 0.6 + 0.55 * N))[1]
+    limit = limit or shown.abs().nan_to_num(0.0).max().item() or 1.0
+    image = ax.imshow(shown.numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    for i in range(N):
+        for t in range(T):
+            if mask[i, t] == 0:
+                continue
+            value = values[i, t].item() + 0.0  # + 0.0 turns -0.0 into 0.0
+            text = fmt.format(value)
+            if tokens is not None and t < len(tokens[i]):
+                text = f"{tokens[i][t]}\n{text}"
+            dark = abs(value) > 0.55 * limit  # white text on the saturated cells
+            ax.text(t, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(T))
+    ax.set_xlabel("token position t")
+    ax.set_yticks(range(N))
+    ax.set_yticklabels(row_labels or [f"completion {i}" for i in range(N)], fontsize=8)
+    ax.set_title(title or "")
+    ax.figure.colorbar(image, ax=ax, label=colorbar_label, fraction=0.03, pad=0.02)
+    return ax
+
+
+def plot_surrogate(per_token_losses: dict[str, Callable], adv: float, *, ax=None, ratio_range=(0.4, 1.8),
+                   title: str | None = None):
+    """The per-token objective -l(rho, A) against the ratio rho, for one advantage A.
+
+    per_token_losses: {label: f(ratio (R,), adv (R,)) -> per-token loss (R,)}, e.g. a lambda calling
+    `clipped_surrogate`. Where the objective is flat the token gets no gradient (clipped): those stretches are
+    drawn thick and faint, found with autograd rather than by redoing the clipping here.
+    """
+    ax = ax or plt.subplots(figsize=(5.5, 3.8))[1]
+    ratio = torch.linspace(*ratio_range, 281, dtype=torch.float64, requires_grad=True)
+    advantage = torch.full_like(ratio, adv)
+    for i, (label, fn) in enumerate(per_token_losses.items()):
+        objective = -fn(ratio, advantage)
+        (grad,) = torch.autograd.grad(objective.sum(), ratio)
+        x, y = ratio.detach().numpy(), objective.detach().numpy()
+        ax.plot(x, y, color=f"C{i}", lw=1.6, label=label)
+        flat = (grad == 0).numpy()
+        ax.plot(x[flat], y[flat], ".", color=f"C{i}", ms=5, alpha=0.35)
+    ax.axvline(1.0, color="k", lw=0.6, ls=":")
+    ax.set_xlabel(r"ratio $\rho = \pi_\theta / \pi_{old}$")
+    ax.set_ylabel(r"objective per token $-\ell(\rho, A)$")
+    ax.set_title(title or f"A = {adv:+g}  (dotted stretches: clipped, zero gradient)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_kl_samples(estimates: dict[str, torch.Tensor], exact_kl: float, *, axes=None):
+    """KL estimators on samples: their values (left) and their running mean over samples (right), against the
+    exact KL (black line). estimates: {name: per-sample estimate (S,)}, e.g. from `kl_divergence`."""
+    axes = axes if axes is not None else plt.subplots(1, 2, figsize=(12, 3.8))[1]
+    hist_ax, mean_ax = axes
+    plot_histograms(estimates, ax=hist_ax, bins=60, xlabel="per-sample estimate", ylabel="samples",
+                    title="per-sample values (unbiased means centred on the black line)")
+    hist_ax.axvline(exact_kl, color="k", lw=1.5, label=f"exact KL = {exact_kl:.4f}")
+    hist_ax.legend(fontsize=8)
+    for i, (name, values) in enumerate(estimates.items()):
+        values = torch.as_tensor(values, dtype=torch.float64)
+        running = values.cumsum(0) / torch.arange(1, len(values) + 1)
+        mean_ax.plot(range(1, len(values) + 1), running.numpy(), color=f"C{i}", label=name)
+    mean_ax.axhline(exact_kl, color="k", lw=1.5, label="exact KL")
+    mean_ax.set_xscale("log")
+    mean_ax.set_xlabel("number of samples")
+    mean_ax.set_ylabel("running mean of the estimate")
+    mean_ax.set_title("running mean: low variance settles sooner")
+    mean_ax.grid(alpha=0.3)
+    mean_ax.legend(fontsize=8)
+    return axes
+
+
+def plot_token_ratios(token_ratio: torch.Tensor, references: dict[str, float], *, ax=None,
+                      clip_range: tuple[float, float] | None = None, title: str | None = None):
+    """Per-token ratios rho_t of one completion (bars) and single numbers summarising them (horizontal lines),
+    e.g. their arithmetic mean, GSPO's sequence ratio s_i (geometric mean), GMPO's clipped geometric mean."""
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    token_ratio = torch.as_tensor(token_ratio, dtype=torch.float64).detach()
+    ax.bar(range(len(token_ratio)), token_ratio.numpy(), color="0.75", label=r"token ratio $\rho_t$")
+    if clip_range is not None:
+        ax.axhspan(*clip_range, color="C2", alpha=0.12, label=f"clip range [{clip_range[0]:g}, {clip_range[1]:g}]")
+    for i, (label, value) in enumerate(references.items()):
+        ax.axhline(value, color=f"C{i}", lw=2, ls=["-", "--", "-.", ":"][i % 4], label=f"{label} = {value:.3f}")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_xlabel("token position t")
+    ax.set_ylabel(r"$\pi_\theta(o_t) / \pi_{old}(o_t)$")
+    ax.set_title(title or "one completion: token ratios and sequence-level summaries")
+    ax.legend(fontsize=8)
+    return ax

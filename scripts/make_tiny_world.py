@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 from minigrpo.evaluate import evaluate  # noqa: E402
 from minigrpo.rollout import sample_completions  # noqa: E402
+from minigrpo.sft import sft_batch  # noqa: E402
 from minigrpo.tasks import DATA_DIR, Task, get_task  # noqa: E402
 from minigrpo.tasks.think_addition import thinking_length  # noqa: E402
 from minigrpo.tokenizer import build_tokenizer  # noqa: E402
@@ -73,26 +74,6 @@ def make_task_data(task: Task, seed: int) -> tuple[list[dict], list[dict]]:
     write_jsonl(task.data_dir / "test.jsonl", test)
     write_jsonl(task.data_dir / "train.jsonl", train)
     return train, test
-
-
-def sft_batch(task, tokenizer, rng, batch_size, exclude):
-    """A fresh batch of (prompt, correct completion) pairs; loss only on completion tokens and eos."""
-    sequences, labels = [], []
-    while len(sequences) < batch_size:
-        row = task.make_problem(rng)
-        if row["prompt"] in exclude:
-            continue
-        prompt = tokenizer(row["prompt"])["input_ids"]  # <bos> prompt
-        completion = tokenizer(task.target_completion(row, rng), add_special_tokens=False)["input_ids"]
-        completion.append(tokenizer.eos_token_id)
-        sequences.append(prompt + completion)
-        labels.append([-100] * len(prompt) + completion)
-    width = max(map(len, sequences))
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences])  # right padding for training
-    attention_mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
-    label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
-    return input_ids, attention_mask, label_ids
 
 
 # ---- model ----------------------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""The plotting functions draw what they are given, labelled: hand-made metrics and tensors in, artists checked."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from minigrpo.advantages import group_advantages  # noqa: E402
+from minigrpo.objectives.grpo import clipped_surrogate  # noqa: E402
+from minigrpo.plots import (  # noqa: E402
+    _series, plot_advantage_vs_num_correct, plot_completion_lengths, plot_curve, plot_histograms, plot_kl_samples,
+    plot_run_overview, plot_surrogate, plot_token_heatmap, plot_token_ratios,
+)
+
+METRICS = [  # three logged steps; eval at steps 2 and 3
+    {"step": 1, "step_seconds": 1.5, "reward": 0.2, "frac_reward_zero_std": 0.5, "entropy": 1.0, "advantages": [1.0, -1.0, 0.0],
+     "completion_length_mean": 10.0, "completion_length_correct_mean": 20.0, "completion_length_incorrect_mean": 5.0},
+    {"step": 2, "step_seconds": 2.0, "reward": 0.4, "frac_reward_zero_std": 0.4, "entropy": 0.9, "advantages": [0.5, -0.5, 0.0],
+     "completion_length_mean": 12.0, "completion_length_correct_mean": 20.0, "completion_length_incorrect_mean": None,
+     "eval/accuracy_greedy": 0.5},
+    {"step": 3, "step_seconds": 1.0, "reward": 0.6, "frac_reward_zero_std": 0.3, "entropy": 0.8, "advantages": [0.2, -0.2, 0.0],
+     "completion_length_mean": 15.0, "completion_length_correct_mean": 19.0, "completion_length_incorrect_mean": 6.0,
+     "eval/accuracy_greedy": 0.7},
+]
+
+
+def teardown_function():
+    plt.close("all")
+
+
+def test_series_against_steps_and_training_time():
+    assert _series(METRICS, "eval/accuracy_greedy") == ([2, 3], [0.5, 0.7])
+    assert _series(METRICS, "eval/accuracy_greedy", x="seconds") == ([3.5, 4.5], [0.5, 0.7])  # 1.5 + 2.0, then + 1.0
+
+
+def test_plot_curve_starts_at_the_given_value_and_labels_axes():
+    ax = plot_curve({"run": METRICS}, "eval/accuracy_greedy", window=1, x="seconds", start={"run": 0.3})
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [0, 3.5, 4.5] and list(line.get_ydata()) == [0.3, 0.5, 0.7]
+    assert "time" in ax.get_xlabel() and ax.get_legend() is not None
+
+
+def test_completion_lengths_draw_three_lines_per_run_skipping_missing_values():
+    ax = plot_completion_lengths({"a": METRICS, "b": METRICS}, window=1)
+    lines = ax.get_lines()
+    assert len(lines) == 6
+    wrong = [ln for ln in lines if ln.get_label() == "a: wrong"][0]
+    assert list(wrong.get_xdata()) == [1, 3]
+
+
+def test_run_overview_has_six_titled_panels():
+    summary = {"accuracy_before": 0.3, "accuracy_after": 0.8, "steps": 3, "num_test_problems": 200}
+    fig = plot_run_overview(METRICS, summary, title="toy")
+    assert len(fig.axes) == 6 and all(ax.get_title() for ax in fig.axes)
+
+
+def test_advantage_vs_num_correct_calls_the_scheme_for_every_k():
+    ax = plot_advantage_vs_num_correct({"pop": lambda r: group_advantages(r, 4, std="population", eps=0.0)[0]}, 4)
+    right, wrong = ax.get_lines()[:2]
+    assert math.isnan(right.get_ydata()[0]) and right.get_ydata()[2] == 1.0  # k = 2 of 4: +1
+    assert wrong.get_ydata()[2] == -1.0 and math.isnan(wrong.get_ydata()[4])
+
+
+def test_histograms_share_bins_and_drop_nans():
+    ax = plot_histograms({"a": torch.tensor([0.0, 1.0, float("nan")]), "b": torch.tensor([0.5])}, bins=4)
+    assert len(ax.patches) == 2 and ax.get_xlabel() == "advantage"
+
+
+def test_heatmap_blanks_padding():
+    values = torch.tensor([[1.0, -1.0], [0.5, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    ax = plot_token_heatmap(values, mask, tokens=[["a", "b"], ["c", "d"]])
+    shown = ax.images[0].get_array()
+    assert shown.mask[1, 1] or math.isnan(shown[1, 1])  # padding is not drawn
+    assert ax.images[0].norm.vmax == 1.0  # the padded 9.0 does not set the colour scale
+    assert len(ax.texts) == 3
+
+
+def test_surrogate_marks_exactly_the_clipped_stretch():
+    ax = plot_surrogate({"clip": lambda r, a: clipped_surrogate(r, a, 0.2, 0.2)}, adv=1.0, ratio_range=(0.5, 1.5))
+    curve, flat = ax.get_lines()[:2]
+    assert max(curve.get_ydata()) == 1.2  # the objective stops at 1 + eps
+    assert min(flat.get_xdata()) >= 1.2 - 1e-9 and len(flat.get_xdata()) > 0
+
+
+def test_kl_and_ratio_plots_draw_one_line_per_estimator():
+    axes = plot_kl_samples({"k1": torch.randn(50), "k3": torch.rand(50)}, exact_kl=0.1)
+    assert len(axes[1].get_lines()) == 3  # two running means and the exact value
+    ax = plot_token_ratios(torch.tensor([1.0, 1.5]), {"mean": 1.25}, clip_range=(0.8, 1.2))
+    assert len(ax.patches) == 3  # two bars and the clip band
