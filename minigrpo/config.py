@@ -24,7 +24,7 @@ class Config:
     task: str = "think_addition"  # minigrpo: a task from minigrpo/tasks ("think_addition", "addition")
     output_dir: str = "runs/grpo"  # --out
     seed: int = 0
-    max_steps: int = 150
+    max_steps: int = 100
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
     bf16: bool = False  # autocast to bfloat16 (GPU); weights stay float32
     # --- rollout ---
