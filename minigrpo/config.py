@@ -68,7 +68,9 @@ class Config:
     eval_num_problems: int = 200  # problems for the in-training eval (before/after use the whole split)
     eval_num_samples: int = 8  # samples per problem for the sampled accuracy / pass@k at the end
     eval_limit: int | None = None  # minigrpo: evaluate before/after on the first N test problems (None = all)
-    save_steps: int = 0  # checkpoint every N steps (0 = only the final model)
+    save_steps: int = 0  # checkpoint every N steps into output_dir/checkpoints (0 = only the final model)
+    save_total_limit: int | None = 2  # keep the newest N checkpoints (None = all; TRL's default is None)
+    resume_from_checkpoint: str | None = None  # --resume RUN: continue RUN from its newest checkpoint (or a file)
     save_model: bool = True  # save the final model (or adapter) into output_dir/model
     log_completions: bool = True  # minigrpo: write a few sample completions per step to completions.jsonl
 
@@ -102,6 +104,10 @@ class Config:
         for key in positive:
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)!r}")
+        if self.save_steps < 0:
+            raise ConfigError(f"save_steps: must be >= 0, got {self.save_steps}")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ConfigError(f"save_total_limit: must be >= 1 or None, got {self.save_total_limit}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ConfigError("max_completion_length: must be >= 1")
         if not 0 < self.top_p <= 1:
@@ -119,7 +125,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-ALIASES = {"out": "output_dir", "model": "model_name_or_path"}  # short flags of the CLI
+ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume_from_checkpoint"}  # short flags of the CLI
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:

@@ -71,6 +71,7 @@ def shuffled(reward_func: RewardFunc, seed: int = 0) -> RewardFunc:
         return rewards
 
     random_reward.__name__ = f"random_{getattr(reward_func, '__name__', 'reward')}"
+    random_reward.rng = rng  # checkpoint.py saves and restores it, so a resumed run shuffles the same way
     return random_reward
 
 
