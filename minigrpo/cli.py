@@ -19,6 +19,7 @@ import sys
 from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_config
 from .rewards import RewardError
+from .tasks.base import DataError
 
 
 def _parse_overrides(tokens: list[str]) -> dict:
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return commands[argv[0]](argv[1:])
-    except (ConfigError, CheckpointError, OSError, RewardError) as exc:  # bad input: one line, no traceback
+    except (ConfigError, CheckpointError, DataError, OSError, RewardError) as exc:  # bad input: one line, no traceback
         print(f"minigrpo {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -177,15 +177,18 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     if len(weights) != len(reward_funcs):
         raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
     train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
-    if not train_rows:
-        raise ConfigError(f"task: the train split of {task.name!r} is empty")
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        if not rows:
+            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
     context = getattr(model.config, "max_position_embeddings", None)
-    longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in train_rows)
-    if context is not None and longest_prompt + max_len > context:
-        raise ConfigError(
-            f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({max_len}) exceeds the "
-            f"model's context of {context} tokens"
-        )
+    # Training samples max_len tokens, evaluation the task's own max_completion_length.
+    for rows, completion_len in ((train_rows, max_len), (test_rows, task.max_completion_length)):
+        longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in rows)
+        if context is not None and longest_prompt + completion_len > context:
+            raise ConfigError(
+                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
+                f"the model's context of {context} tokens"
+            )
     ref_model = None
     if cfg.beta > 0:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)

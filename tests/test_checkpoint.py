@@ -8,7 +8,6 @@ aside) for equality, so any missing piece makes them fail.
 
 import io
 import json
-import os
 import random
 import signal
 import subprocess
@@ -49,16 +48,6 @@ def steps_on_disk(run: Path) -> tuple[int, int]:
     newest = int(latest_checkpoint(run).stem.split("-")[1])
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.endswith("}")]
     return newest, lines[-1]["step"]
-
-
-@pytest.fixture
-def one_thread():
-    """Runs compared for equality use the same number of torch threads (a reduction split over two threads may
-    round differently), and one thread is much faster for a model this small on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    torch.set_num_threads(threads)
 
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, random_model_dir, one_thread):
