@@ -6,6 +6,7 @@
         advantage group-relative (or RLOO), per completion                             advantages.py
         optimise  num_iterations x steps_per_generation mini-batches of the loss       objectives/
         log       one JSON line of metrics                                             metrics.jsonl
+        save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
 
 What this loop simplifies, on purpose:
   * One process, one device; generation with the policy's own `generate` (no separate inference engine).
@@ -159,6 +160,21 @@ def _lr_lambda(cfg: Config):
     return factor
 
 
+def start_or_resume(cfg: Config, out: Path, **training_objects) -> tuple[int, dict]:
+    """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
+    checkpoint restored into model, optimizer, scheduler, RNGs, sampler (checkpoint.py) and metrics.jsonl cut
+    back to its step. A fresh run refuses a directory that holds another run's checkpoints."""
+    if cfg.resume_from_checkpoint:
+        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
+        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict())
+        truncate_metrics(ckpt.parent.parent / "metrics.jsonl", start_step, copy_to=out / "metrics.jsonl")
+        return start_step, run_state
+    if any((out / "checkpoints").glob("step-*.pt")):
+        raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
+                              f"--resume {out}, or choose another --out")
+    return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
+
+
 def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = True) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, summary.json, plots/}.
 
@@ -199,16 +215,10 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     sampler = PromptSampler(train_rows, cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    start_step, run_state = 0, {"wall_seconds": 0.0, "before": None}  # what a checkpoint carries besides the weights
-    if cfg.resume_from_checkpoint:  # weights, optimizer, scheduler, RNGs, sampler position: see checkpoint.py
-        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
-        start_step, run_state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler,
-                                                sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict())
-        truncate_metrics(ckpt.parent.parent / "metrics.jsonl", start_step, copy_to=out / "metrics.jsonl")
-    elif any((out / "checkpoints").glob("step-*.pt")):
-        raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
-                              f"--resume {out}, or choose another --out")
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
+                                            sampler=sampler, reward_funcs=reward_funcs)
+    run_config = {**cfg.to_dict(), "resume_from_checkpoint": None}  # resuming is an action, not a setting of the run
+    (out / "config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
     metrics_file = open(out / "metrics.jsonl", "a" if start_step else "w")
     eval_rows = test_rows[: cfg.eval_num_problems]
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
