@@ -3,6 +3,8 @@
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
     minigrpo train --config run.yaml --seed 1       # YAML first, flags override
+    minigrpo train --out runs/a --save-steps 20     # checkpoint every 20 steps into runs/a/checkpoints
+    minigrpo train --out runs/a --save-steps 20 --resume runs/a   # after a crash: same flags, plus --resume
     minigrpo eval --model runs/grpo/model --split test
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
 
@@ -14,8 +16,10 @@ import dataclasses
 import json
 import sys
 
+from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_config
 from .rewards import RewardError
+from .tasks.base import DataError
 
 
 def _parse_overrides(tokens: list[str]) -> dict:
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return commands[argv[0]](argv[1:])
-    except (ConfigError, OSError, RewardError) as exc:  # bad input: one line, no traceback
+    except (ConfigError, CheckpointError, DataError, OSError, RewardError) as exc:  # bad input: one line, no traceback
         print(f"minigrpo {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
 

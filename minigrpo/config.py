@@ -6,6 +6,7 @@ Set fields from a YAML file (`--config run.yaml`) and/or command-line flags (`--
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -68,7 +69,9 @@ class Config:
     eval_num_problems: int = 200  # problems for the in-training eval (before/after use the whole split)
     eval_num_samples: int = 8  # samples per problem for the sampled accuracy / pass@k at the end
     eval_limit: int | None = None  # minigrpo: evaluate before/after on the first N test problems (None = all)
-    save_steps: int = 0  # checkpoint every N steps (0 = only the final model)
+    save_steps: int = 0  # checkpoint every N steps into output_dir/checkpoints (0 = only the final model)
+    save_total_limit: int | None = 2  # keep the newest N checkpoints (None = all; TRL's default is None)
+    resume_from_checkpoint: str | None = None  # --resume RUN: continue RUN from its newest checkpoint (or a file)
     save_model: bool = True  # save the final model (or adapter) into output_dir/model
     log_completions: bool = True  # minigrpo: write a few sample completions per step to completions.jsonl
 
@@ -91,6 +94,11 @@ class Config:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
         if self.num_generations < 2:
             raise ConfigError("num_generations: must be >= 2 (a group of one has no baseline)")
+        positive = ("max_steps", "generation_batch_size", "num_iterations", "steps_per_generation", "learning_rate",
+                    "temperature")
+        for key in positive:
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)!r}")
         if self.generation_batch_size % self.num_generations:
             raise ConfigError(
                 f"generation_batch_size: {self.generation_batch_size} is not a multiple of "
@@ -98,10 +106,12 @@ class Config:
             )
         if self.generation_batch_size % self.steps_per_generation:
             raise ConfigError("steps_per_generation: must divide generation_batch_size")
-        positive = ("max_steps", "num_iterations", "steps_per_generation", "learning_rate", "temperature")
-        for key in positive:
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)!r}")
+        for key in ("eval_steps", "eval_num_samples", "save_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        for key in ("eval_num_problems", "eval_limit", "save_total_limit"):  # None allowed where the type says so
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ConfigError("max_completion_length: must be >= 1")
         if not 0 < self.top_p <= 1:
@@ -119,7 +129,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-ALIASES = {"out": "output_dir", "model": "model_name_or_path"}  # short flags of the CLI
+ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume_from_checkpoint"}  # short flags of the CLI
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -147,8 +157,10 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             raise ValueError(value)
         if base is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(value)
+        if base is float and not math.isfinite(float(value)):  # no field means anything with NaN or inf
+            raise ValueError(value)
         return base(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{key}: cannot read {value!r} as {getattr(base, '__name__', base)}") from None
 
 

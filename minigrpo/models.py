@@ -10,12 +10,14 @@ from pathlib import Path
 
 import torch
 
+from .config import ConfigError
+
 
 def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: 'cuda' was asked for but torch sees no CUDA GPU")
+        raise ConfigError("device: 'cuda' was asked for but torch sees no CUDA GPU")
     return torch.device(device)
 
 
@@ -36,7 +38,9 @@ def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: str | torc
         tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name)
         model = AutoModelForCausalLM.from_pretrained(str(local) if looks_local else name, dtype=torch.float32)
     except OSError as exc:
-        hint = " (is this machine offline? HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        from huggingface_hub import is_offline_mode
+
+        hint = " (HF_HUB_OFFLINE is set, so the hub was not asked)" if is_offline_mode() else ""
         raise OSError(
             f"model_name_or_path: could not load {name!r} — not a local model directory and not fetchable "
             f"from the hub{hint}. Pass a directory saved with save_pretrained, or omit it to use the shipped tiny model."

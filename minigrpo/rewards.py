@@ -71,6 +71,7 @@ def shuffled(reward_func: RewardFunc, seed: int = 0) -> RewardFunc:
         return rewards
 
     random_reward.__name__ = f"random_{getattr(reward_func, '__name__', 'reward')}"
+    random_reward.rng = rng  # checkpoint.py saves and restores it, so a resumed run shuffles the same way
     return random_reward
 
 
@@ -81,7 +82,7 @@ def _name(func) -> str:
 def _call(func, prompts, completions, rows: dict[str, list]) -> list:
     """Call one reward function; on an exception, find the first completion it fails on and say so."""
     try:
-        return list(func(prompts, completions, **rows))
+        values = func(prompts, completions, **rows)
     except Exception as batch_exc:  # noqa: BLE001 - re-raised with the culprit named
         for i in range(len(completions)):
             one_row = {k: v[i : i + 1] for k, v in rows.items()}
@@ -92,6 +93,10 @@ def _call(func, prompts, completions, rows: dict[str, list]) -> list:
                     f"reward function {_name(func)!r} raised on completion {i} ({completions[i]!r}): {exc!r}"
                 ) from exc
         raise RewardError(f"reward function {_name(func)!r} raised on the batch: {batch_exc!r}") from batch_exc
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise RewardError(f"reward function {_name(func)!r} returned {type(values).__name__}, "
+                          f"expected a list of {len(completions)} numbers")
+    return list(values)
 
 
 def score_completions(
@@ -104,7 +109,7 @@ def score_completions(
 
     Returns:
         rewards_per_func: (N, F) float, NaN where a function returned None ("does not apply").
-        unscorable: (N,) bool, True where any function returned NaN or inf.
+        unscorable: (N,) bool, True where any function returned NaN or inf (or a number beyond float32's range).
     """
     n = len(completions)
     out = torch.full((n, len(reward_funcs)), float("nan"))
@@ -116,15 +121,19 @@ def score_completions(
         for i, v in enumerate(values):
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                try:
-                    v = float(v)  # numpy / torch scalars
-                except (TypeError, ValueError):
-                    raise RewardError(
-                        f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}"
-                    ) from None
-            if math.isfinite(v):
-                out[i, j] = float(v)
+            if isinstance(v, (str, bytes)):  # float("1") would work, but a string is a bug in the function
+                raise RewardError(f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}")
+            try:
+                v = float(v)  # also numpy / torch scalars and bools
+            except OverflowError:
+                v = math.inf  # an int beyond float range
+            except (TypeError, ValueError, RuntimeError):
+                raise RewardError(
+                    f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}"
+                ) from None
+            stored = torch.tensor(v, dtype=out.dtype)  # 1e39 is finite in Python but inf in float32
+            if torch.isfinite(stored):
+                out[i, j] = stored
             else:
                 unscorable[i] = True
     return out, unscorable

@@ -6,6 +6,7 @@
         advantage group-relative (or RLOO), per completion                             advantages.py
         optimise  num_iterations x steps_per_generation mini-batches of the loss       objectives/
         log       one JSON line of metrics                                             metrics.jsonl
+        save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
 
 What this loop simplifies, on purpose:
   * One process, one device; generation with the policy's own `generate` (no separate inference engine).
@@ -28,6 +29,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
+from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from .config import Config, ConfigError
 from .evaluate import evaluate
 from .logprobs import completion_logprobs
@@ -71,6 +73,14 @@ class PromptSampler:
                 self.rng.shuffle(self.order)
             batch.append(self.rows[self.order.pop()])
         return batch
+
+    def state_dict(self) -> dict:
+        """Where the sampler is: its RNG and what is left of the current pass (saved in checkpoints)."""
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
 
 
 def _pad_cat(tensors: list[torch.Tensor], value, left: bool = False) -> torch.Tensor:
@@ -150,6 +160,21 @@ def _lr_lambda(cfg: Config):
     return factor
 
 
+def start_or_resume(cfg: Config, out: Path, **training_objects) -> tuple[int, dict]:
+    """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
+    checkpoint restored into model, optimizer, scheduler, RNGs, sampler (checkpoint.py) and metrics.jsonl cut
+    back to its step. A fresh run refuses a directory that holds another run's checkpoints."""
+    if cfg.resume_from_checkpoint:
+        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
+        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict())
+        truncate_metrics(ckpt.parent.parent / "metrics.jsonl", start_step, copy_to=out / "metrics.jsonl")
+        return start_step, run_state
+    if any((out / "checkpoints").glob("step-*.pt")):
+        raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
+                              f"--resume {out}, or choose another --out")
+    return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
+
+
 def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = True) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, summary.json, plots/}.
 
@@ -168,15 +193,18 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     if len(weights) != len(reward_funcs):
         raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
     train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
-    if not train_rows:
-        raise ConfigError(f"task: the train split of {task.name!r} is empty")
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        if not rows:
+            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
     context = getattr(model.config, "max_position_embeddings", None)
-    longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in train_rows)
-    if context is not None and longest_prompt + max_len > context:
-        raise ConfigError(
-            f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({max_len}) exceeds the "
-            f"model's context of {context} tokens"
-        )
+    # Training samples max_len tokens, evaluation the task's own max_completion_length.
+    for rows, completion_len in ((train_rows, max_len), (test_rows, task.max_completion_length)):
+        longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in rows)
+        if context is not None and longest_prompt + completion_len > context:
+            raise ConfigError(
+                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
+                f"the model's context of {context} tokens"
+            )
     ref_model = None
     if cfg.beta > 0:
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -184,17 +212,23 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    sampler = PromptSampler(train_rows, cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    metrics_file = open(out / "metrics.jsonl", "w")
+    start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
+                                            sampler=sampler, reward_funcs=reward_funcs)
+    run_config = {**cfg.to_dict(), "resume_from_checkpoint": None}  # resuming is an action, not a setting of the run
+    (out / "config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
+    metrics_file = open(out / "metrics.jsonl", "a" if start_step else "w")
     eval_rows = test_rows[: cfg.eval_num_problems]
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
 
-    before = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
-    sampler = PromptSampler(train_rows, cfg.seed)
-    G, wall_seconds = cfg.num_generations, 0.0
-    bar = tqdm(range(1, cfg.max_steps + 1), desc="grpo", disable=not progress, dynamic_ncols=True)
+    if run_state["before"] is None:
+        run_state["before"] = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples,
+                                       temperature=cfg.temperature)
+    G = cfg.num_generations
+    bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
+               disable=not progress, dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-3. Sample, score, advantages.
@@ -242,7 +276,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
         step_seconds = time.perf_counter() - t0
-        wall_seconds += step_seconds
+        run_state["wall_seconds"] += step_seconds
 
         # 6. Log one line.
         row = {"step": step, **step_metrics(batch, step_stats, task, reward_names)}
@@ -253,15 +287,22 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         metrics_file.write(json.dumps(row) + "\n")
         metrics_file.flush()
         bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
+        # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
+        if cfg.save_steps and step % cfg.save_steps == 0:
+            save_checkpoint(out / "checkpoints", step, model=model, optimizer=optimizer, scheduler=scheduler,
+                            sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
+                            keep=cfg.save_total_limit)
     metrics_file.close()
 
+    before = run_state["before"]
     after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
     if cfg.save_model:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")
     summary = {
         "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "loss_type": cfg.loss_type,
-        "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
+        "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(run_state["wall_seconds"], 2),
+        "resumed_from_step": start_step if cfg.resume_from_checkpoint else None,
         "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
         "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),
         "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],

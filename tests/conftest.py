@@ -20,3 +20,18 @@ def random_model_dir(tmp_path_factory):
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread here, and the environment for a subprocess that runs the same way.
+
+    Runs compared for equality must use the same number of threads (a reduction split over two threads may
+    round differently), and one thread is several times faster for a model this small on a shared CPU.
+    """
+    import os
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    torch.set_num_threads(threads)

@@ -10,18 +10,19 @@ Known tasks: ``addition`` (fixed format) and ``think_addition`` (the policy choo
 it thinks). ``scripts/make_tiny_world.py`` rebuilds their data and models.
 """
 
+from ..config import ConfigError
 from .addition import AdditionTask
-from .base import DATA_DIR, Task
+from .base import DATA_DIR, DataError, Task
 from .think_addition import ThinkAdditionTask
 
 TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask())}
 
 
 def get_task(name: str) -> Task:
-    """The task called ``name``; raises ValueError naming the known tasks otherwise."""
+    """The task called ``name``; raises ConfigError naming the known tasks otherwise."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+        raise ConfigError(f"task: unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
 
 
-__all__ = ["DATA_DIR", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "get_task"]
+__all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "get_task"]

@@ -20,6 +20,10 @@ from pathlib import Path
 DATA_DIR = Path(os.environ.get("MINIGRPO_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
 
 
+class DataError(ValueError):
+    """A task's data file that cannot be read as rows; the message names the file and the line."""
+
+
 @dataclass(frozen=True)
 class Task:
     """Base class; subclasses define ``make_problem``, ``target_completion``, ``extract_answer``, ``is_well_formed``."""
@@ -38,12 +42,14 @@ class Task:
         return DATA_DIR / "models" / self.name
 
     def load(self, split: str) -> list[dict]:
-        """Rows ``{"prompt": ..., "answer": ...}`` of ``data/tasks/<name>/<split>.jsonl`` (split: train or test)."""
+        """Rows ``{"prompt": ..., "answer": ...}`` of ``data/tasks/<name>/<split>.jsonl`` (split: train or test).
+
+        A line that is not a JSON object with a string "prompt" and an "answer" raises DataError naming the line.
+        """
         path = self.data_dir / f"{split}.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_rows(path)
 
     # ---- problem generation ---------------------------------------------------------------------
     def make_problem(self, rng: random.Random) -> dict:
@@ -86,6 +92,23 @@ class Task:
     def format_reward(self, prompts, completions, **row) -> list[float]:
         """1.0 for a well-formed completion, else 0.0; says nothing about correctness."""
         return [float(self.is_well_formed(_text(c))) for c in completions]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSONL file of problems, each checked, so bad data fails here and not deep in training."""
+    rows = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
+                raise DataError(f'{path}:{number}: expected an object with a string "prompt" and an "answer"')
+            rows.append(row)
+    return rows
 
 
 def _text(completion) -> str:

@@ -1,0 +1,178 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped, one file per checkpoint.
+
+    RUN/checkpoints/step-000040.pt     written every `save_steps` steps, the newest `save_total_limit` kept
+
+A checkpoint holds the trainable weights (the whole model in full fine-tuning, only the adapter with LoRA:
+frozen weights are reloaded from `model_name_or_path`), the optimizer and LR-scheduler states, the torch and
+Python RNG states, the prompt sampler's position, the step counter, and the run's config. Restoring all of
+them makes a resumed run draw the same samples and take the same steps as a run that was never stopped, so
+its metrics are equal, not just close (on CPU, where torch is deterministic).
+
+Why the write goes to a temporary file and is then renamed: a process killed mid-write (SIGKILL, power loss,
+an out-of-memory kill) leaves a half-written temporary file, never a half-written checkpoint. `os.replace`
+is atomic on POSIX and Windows: readers see the old file list or the new one, nothing in between. So the
+newest `step-*.pt` is always whole, and older ones are deleted only after a newer one is in place.
+
+metrics.jsonl is written before the checkpoint of the same step. After a crash it may hold lines past the
+newest checkpoint; `truncate_metrics` drops them on resume, so the file holds each step exactly once.
+"""
+
+import json
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "truncate_metrics", "CheckpointError",
+           "RESUMABLE_CHANGES"]
+
+CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
+# Config keys that may differ between the interrupted run and its resumption: they do not change what is
+# computed. Everything else must match, or the "resumed" run would be a different run.
+RESUMABLE_CHANGES = frozenset({"output_dir", "resume_from_checkpoint", "save_steps", "save_total_limit",
+                               "save_model", "device"})
+
+
+class CheckpointError(ValueError):
+    """No checkpoint to resume from, or one that does not belong to this run; the message names the file."""
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights the optimizer changes: all of them in full fine-tuning, the adapter's with LoRA."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def rng_states() -> dict:
+    states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    """torch.save to a temporary file in the same directory, flushed to disk, then renamed over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the whole checkpoints in ckpt_dir, oldest first; temporary files are not listed."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    return sorted(found)
+
+
+def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer, scheduler, sampler, reward_funcs,
+                    config: dict, progress: dict, keep: int | None = None) -> Path:
+    """Write ckpt_dir/step-{step}.pt atomically, then delete all but the newest `keep` checkpoints (None: keep all).
+
+    progress: what the loop carries from step to step besides the RNGs (e.g. accumulated wall time, the
+    evaluation made before training), restored verbatim by `load_checkpoint`.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    state = {
+        "step": step,
+        "model": trainable_state(model),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_states(),
+        "sampler": sampler.state_dict(),
+        # Reward functions with their own random.Random (the `random` control) continue their stream too.
+        "reward_rngs": [f.rng.getstate() if hasattr(f, "rng") else None for f in reward_funcs],
+        "config": config,
+        "progress": progress,
+    }
+    path = ckpt_dir / f"step-{step:06d}.pt"
+    _atomic_torch_save(state, path)
+    if keep is not None:
+        for _, old in _checkpoints(ckpt_dir)[:-keep]:
+            old.unlink()
+    return path
+
+
+def latest_checkpoint(run_or_checkpoint: str | os.PathLike) -> Path:
+    """The newest checkpoint of a run directory, or the checkpoint file itself if given one."""
+    path = Path(run_or_checkpoint)
+    if path.is_file():
+        return path
+    found = _checkpoints(path / "checkpoints")
+    if not found:
+        raise CheckpointError(f"resume_from_checkpoint: no checkpoint in {path / 'checkpoints'} "
+                              "(checkpoints are written every save_steps steps; was it 0?)")
+    return found[-1][1]
+
+
+def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sampler, reward_funcs,
+                    config: dict) -> tuple[int, dict]:
+    """Restore everything `save_checkpoint` wrote into the given objects; returns (step, progress).
+
+    Raises CheckpointError if the checkpoint was written with a config that differs in a key outside
+    RESUMABLE_CHANGES, or for weights this model does not have.
+    """
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
+        raise CheckpointError(f"resume_from_checkpoint: cannot read {path}: {exc}") from exc
+    changed = sorted(k for k in config.keys() | state["config"].keys()
+                     if k not in RESUMABLE_CHANGES and config.get(k) != state["config"].get(k))
+    if changed:
+        diffs = ", ".join(f"{k} ({state['config'].get(k)!r} in the checkpoint, {config.get(k)!r} now)" for k in changed)
+        raise CheckpointError(f"resume_from_checkpoint: {path} was written by a run with other settings: {diffs}")
+    expected = trainable_state(model).keys()
+    if state["model"].keys() != expected:
+        raise CheckpointError(f"resume_from_checkpoint: {path} holds weights for another model "
+                              f"({len(state['model'])} trainable tensors, this model has {len(expected)})")
+    model.load_state_dict(state["model"], strict=False)  # strict=False: frozen weights are not in the file
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    sampler.load_state_dict(state["sampler"])
+    for func, rng_state in zip(reward_funcs, state["reward_rngs"]):
+        if rng_state is not None and hasattr(func, "rng"):
+            func.rng.setstate(rng_state)
+    set_rng_states(state["rng"])
+    return state["step"], state["progress"]
+
+
+def truncate_metrics(metrics_path: str | os.PathLike, last_step: int, copy_to: str | os.PathLike | None = None) -> None:
+    """Keep the lines of metrics.jsonl up to `last_step` (and drop a line half-written by a killed process).
+
+    copy_to: write the kept lines there instead (a run resumed into another directory starts with its history).
+    Rewritten through a temporary file and a rename, like a checkpoint, so a crash here loses nothing.
+    """
+    metrics_path = Path(metrics_path)
+    target = Path(copy_to) if copy_to is not None else metrics_path
+    if not metrics_path.exists():
+        return
+    kept = []
+    for line in metrics_path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the last line of a killed run may be cut short
+        if row.get("step", 0) <= last_step:
+            kept.append(line)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(line + "\n" for line in kept))
+    os.replace(tmp, target)
