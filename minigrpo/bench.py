@@ -20,8 +20,8 @@ untimed step per side (see `PeakMemory`).
 Loss check: on one batch TRL generated, TRL's `compute_loss` and minigrpo's `completion_logprobs` +
 `policy_loss` run on the same weights; the losses, the per-token log-probs and the gradients are compared.
 
-Then the rollout alone: minigrpo's `sample_completions` against a bare HF `model.generate` at the same settings
-(pure sampling, top_k=0), decode tokens per second and their ratio.
+Then the rollout alone: minigrpo's `sample_completions` (its own decode loop) against `sample_completions_hf`
+(HF `model.generate`, same settings: pure sampling, top_k=0), decode tokens per second and their ratio.
 
 TRL is imported here only, lazily: `pip install -e ".[dev]"` (or `pip install trl==1.16.0`).
 """
@@ -44,7 +44,7 @@ from .config import Config
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .objectives import policy_loss
-from .rollout import generation_config, sample_completions
+from .rollout import sample_completions, sample_completions_hf
 from .tasks import get_task
 from .trainer import collect_batch
 
@@ -289,22 +289,6 @@ def loss_check(trainer, inputs, args) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 # Rollout alone: sample_completions vs HF generate
 # ---------------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def hf_generate(model, tokenizer, prompts, *, num_generations, max_completion_length, temperature):
-    """The baseline: a bare `model.generate` call at the same settings (pure sampling); returns completion tokens."""
-    encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
-    device = next(model.parameters()).device
-    ids = encoded["input_ids"].repeat_interleave(num_generations, 0).to(device)
-    attention = encoded["attention_mask"].repeat_interleave(num_generations, 0).to(device)
-    config = generation_config(model, tokenizer, max_completion_length=max_completion_length,
-                               temperature=temperature, top_p=1.0, do_sample=True)
-    model.eval()
-    out = model.generate(input_ids=ids, attention_mask=attention, generation_config=config)[:, ids.shape[1]:]
-    is_eos = torch.isin(out, torch.tensor(config.eos_token_id, device=device))
-    ended = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, out.shape[1])
-    return int(ended.sum())
-
-
 def rollout_comparison(model, tokenizer, rows, args, device) -> dict:
     """Decode tokens/s of sample_completions and of HF generate, interleaved, warm-up excluded."""
     times = {"minigrpo": [], "hf": []}
@@ -312,16 +296,12 @@ def rollout_comparison(model, tokenizer, rows, args, device) -> dict:
     for rep in range(args.warmup + args.steps):
         prompts = [r["prompt"] for r in rows[rep * n:(rep + 1) * n]]
         for side in ("minigrpo", "hf") if rep % 2 == 0 else ("hf", "minigrpo"):
+            sample = sample_completions if side == "minigrpo" else sample_completions_hf
             clock = Clock().start()
-            if side == "minigrpo":
-                roll = sample_completions(model, tokenizer, prompts, num_generations=args.num_generations,
-                                          max_completion_length=args.max_completion_length,
-                                          temperature=args.temperature)
-                tokens = int(roll.completion_mask.sum())
-            else:
-                tokens = hf_generate(model, tokenizer, prompts, num_generations=args.num_generations,
-                                     max_completion_length=args.max_completion_length, temperature=args.temperature)
+            roll = sample(model, tokenizer, prompts, num_generations=args.num_generations,
+                          max_completion_length=args.max_completion_length, temperature=args.temperature)
             _sync(device)
+            tokens = int(roll.completion_mask.sum())
             wall, cpu = clock.stop()
             if rep >= args.warmup:
                 times[side].append((tokens / wall, tokens / cpu))
