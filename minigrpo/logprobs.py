@@ -1,7 +1,7 @@
 """Per-token log-probabilities of the completion tokens under a model — the log pi(o_t | q, o_<t) of the loss.
 
-One forward pass over prompt + completion. Only the last T + 1 positions' logits are computed
-(`logits_to_keep`): the prompt's own predictions are never needed. log pi(o_t) is taken as
+A forward pass over prompt + completion; logits are computed only where they predict a completion token
+(the prompt's own predictions are never needed). log pi(o_t) is taken as
 logit[o_t] - logsumexp(logits), which never materialises a (B, T, V) log-softmax tensor beside the logits.
 Logits are divided by the sampling temperature first, so that log pi is the log-prob of the distribution
 the tokens were actually sampled from (TRL does the same).
@@ -11,10 +11,14 @@ and a batch padded to its longest row spends much of its forward and backward on
 sorted by length and run in a few chunks of similar length, each trimmed to its own longest prompt and
 completion (`length_chunks`). Pad positions are masked either way, so the log-probs are the same as for one
 padded batch (up to float rounding); positions outside the completion mask come back as 0.
+
+And each prompt is computed once per chunk, not once per completion: the G completions of a group share its
+prompt, so the distinct prompts run first and the completions attend to their keys and values (`_logprobs`).
 """
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 
 def completion_logprobs(
@@ -34,7 +38,7 @@ def completion_logprobs(
     trim_padding=False runs the whole padded batch in one forward pass (the simple way; same numbers).
     """
     if not trim_padding:
-        return _logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy)
+        return _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
     # Real extent of each row: prompts end at column P (left-padded), completions start at column 0.
     prompt_lengths = (prompt_mask.ne(0) * torch.arange(P, 0, -1, device=prompt_mask.device)).amax(1).tolist()
@@ -81,6 +85,28 @@ def length_chunks(prompt_lengths: list[int], completion_lengths: list[int], chun
 
 
 def _logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy):
+    """One chunk (B, P) + (B, T). Rows that share a prompt (the G completions of a group) share its forward
+    pass: the distinct prompts run first, filling a KV cache; each row then picks its prompt's keys and values
+    (indexing is differentiable, so the gradient of every completion flows into its prompt's activations)
+    and the completions run on top of them."""
+    prompts, which = torch.unique(prompt_ids, dim=0, return_inverse=True)  # (U, P), (B,): row b has prompt which[b]
+    first = torch.zeros(len(prompts), dtype=torch.long, device=prompt_ids.device).scatter_(
+        0, which.flip(0), torch.arange(len(which) - 1, -1, -1, device=prompt_ids.device))  # a row of each prompt
+    cache = DynamicCache(config=model.config)
+    position_ids = (prompt_mask[first].cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
+    prompt_logits = model(input_ids=prompts, attention_mask=prompt_mask[first], position_ids=position_ids,
+                          past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
+    cache.batch_select_indices(which)  # (U, ...) -> (B, ...)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (B, P + T)
+    position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1], device=prompt_ids.device)
+    completion_logits = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=cache, use_cache=True).logits  # (B, T, V)
+    # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.
+    logits = torch.cat([prompt_logits[which].unsqueeze(1), completion_logits[:, :-1]], dim=1)  # (B, T, V)
+    return _token_logprobs(logits, completion_ids, temperature, with_entropy)
+
+
+def _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy):
     """One forward pass over a (B, P + T) batch."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -90,7 +116,12 @@ def _logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, t
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1
     ).logits  # (B, T + 1, V)
-    logits = logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    return _token_logprobs(logits[:, :-1], completion_ids, temperature, with_entropy)  # position t predicts token t
+
+
+def _token_logprobs(logits, completion_ids, temperature, with_entropy):
+    """log pi(o_t) = logit[o_t] - logsumexp(logits), and optionally the entropy, from logits (B, T, V)."""
+    logits = logits.float() / temperature
     token_logits = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
     logp = token_logits - torch.logsumexp(logits, dim=-1)  # (B, T)
     entropy = None

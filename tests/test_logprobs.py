@@ -1,4 +1,5 @@
-"""Completion log-probs: trimming padding (length-sorted chunks) changes the compute, not the numbers."""
+"""Completion log-probs: trimming padding (length-sorted chunks) and sharing each prompt's forward pass among the
+completions of its group change the compute, not the numbers."""
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -25,17 +26,19 @@ def test_length_chunks_cover_every_row_once():
         assert sorted(i for c in chunks for i in c) == list(range(B))
 
 
-def test_trimmed_chunks_equal_one_padded_batch():
+def test_trimmed_chunks_and_shared_prompts_equal_one_padded_batch():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=18, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128)
     model = LlamaForCausalLM(config)
-    B, P, T = 24, 7, 30
-    prompt_len = torch.randint(2, P + 1, (B,))
+    B, P, T, G = 24, 7, 30, 4
+    prompt_len = torch.randint(2, P + 1, (B // G,)).repeat_interleave(G)  # groups of G rows share a prompt
     completion_len = torch.where(torch.rand(B) < 0.5, torch.randint(1, 6, (B,)), torch.randint(20, T + 1, (B,)))
     prompt_mask = (torch.arange(P) >= P - prompt_len.unsqueeze(1)).long()  # left-padded
     completion_mask = (torch.arange(T) < completion_len.unsqueeze(1)).float()  # right-padded
-    prompt_ids = torch.randint(3, 18, (B, P)) * prompt_mask
+    prompt_ids = torch.randint(3, 18, (B // G, P)).repeat_interleave(G, dim=0) * prompt_mask
+    shuffle = torch.randperm(B)  # as in a mini-batch: group members anywhere in the batch
+    prompt_ids, prompt_mask, completion_mask = prompt_ids[shuffle], prompt_mask[shuffle], completion_mask[shuffle]
     completion_ids = torch.randint(3, 18, (B, T)) * completion_mask.long()
     args = (model, prompt_ids, prompt_mask, completion_ids, completion_mask)
 
