@@ -23,7 +23,7 @@ Loss check: on one batch TRL generated, TRL's `compute_loss` and minigrpo's `com
 Then the rollout alone: minigrpo's `sample_completions` (its own decode loop) against `sample_completions_hf`
 (HF `model.generate`, same settings: pure sampling, top_k=0), decode tokens per second and their ratio.
 
-TRL is imported here only, lazily: `pip install -e ".[dev]"` (or `pip install trl==1.16.0`).
+TRL is imported here only, lazily: `pip install -e ".[bench]"` (also in `.[dev]`).
 """
 
 import argparse
@@ -194,7 +194,7 @@ def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
     except ImportError as exc:
         raise SystemExit(
             f"minigrpo bench --against trl needs trl and datasets ({exc}). Install them with "
-            '`pip install -e ".[dev]"` (or `pip install trl==1.16.0`).'
+            '`pip install -e ".[bench]"` (or `pip install trl==1.16.0`).'
         ) from exc
     from transformers import AutoModelForCausalLM, PrinterCallback
 
