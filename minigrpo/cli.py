@@ -1,4 +1,4 @@
-"""`python -m minigrpo train | eval | plot` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | bench` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
@@ -7,6 +7,7 @@
     minigrpo train --out runs/a --save-steps 20 --resume runs/a   # after a crash: same flags, plus --resume
     minigrpo eval --model runs/grpo/model --split test
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
+    minigrpo bench --against trl                    # one GRPO step, minigrpo vs TRL, side by side (needs trl)
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
 """
@@ -98,9 +99,15 @@ def cmd_plot(argv: list[str]) -> int:
     return 0
 
 
+def cmd_bench(argv: list[str]) -> int:
+    from .bench import main as bench
+
+    return bench(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
+    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

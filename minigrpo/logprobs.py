@@ -1,13 +1,24 @@
 """Per-token log-probabilities of the completion tokens under a model — the log pi(o_t | q, o_<t) of the loss.
 
-One forward pass over prompt + completion. Only the last T + 1 positions' logits are computed
-(`logits_to_keep`): the prompt's own predictions are never needed. log pi(o_t) is taken as
+A forward pass over prompt + completion; logits are computed only where they predict a completion token
+(the prompt's own predictions are never needed). log pi(o_t) is taken as
 logit[o_t] - logsumexp(logits), which never materialises a (B, T, V) log-softmax tensor beside the logits.
 Logits are divided by the sampling temperature first, so that log pi is the log-prob of the distribution
 the tokens were actually sampled from (TRL does the same).
+
+Padding costs no compute: completions in a group differ a lot in length (a short answer, a long scratchpad),
+and a batch padded to its longest row spends much of its forward and backward on pad tokens. So rows are
+sorted by length and run in a few chunks of similar length, each trimmed to its own longest prompt and
+completion (`length_chunks`). Pad positions are masked either way, so the log-probs are the same as for one
+padded batch (up to float rounding); positions outside the completion mask come back as 0.
+
+And each prompt is computed once per chunk, not once per completion: the G completions of a group share its
+prompt, so the distinct prompts run first and the completions attend to their keys and values (`_logprobs`).
 """
 
 import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
 
 
 def completion_logprobs(
@@ -19,11 +30,84 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    trim_padding: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient).
 
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
+    trim_padding=False runs the whole padded batch in one forward pass (the simple way; same numbers).
     """
+    if not trim_padding:
+        return _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    # Real extent of each row: prompts end at column P (left-padded), completions start at column 0.
+    prompt_lengths = (prompt_mask.ne(0) * torch.arange(P, 0, -1, device=prompt_mask.device)).amax(1).tolist()
+    completion_lengths = (completion_mask.ne(0) * torch.arange(1, T + 1, device=prompt_mask.device)).amax(1).tolist()
+    order, parts = [], []
+    for rows in length_chunks(prompt_lengths, completion_lengths):
+        p = max(max(prompt_lengths[i] for i in rows), 1)
+        t = max(max(completion_lengths[i] for i in rows), 1)
+        idx = torch.tensor(rows, device=prompt_ids.device)
+        logp, entropy = _logprobs(
+            model, prompt_ids[idx, P - p:], prompt_mask[idx, P - p:], completion_ids[idx, :t],
+            completion_mask[idx, :t], temperature, with_entropy,
+        )
+        mask = completion_mask[idx, :t]
+        parts.append((F.pad(logp * mask, (0, T - t)), None if entropy is None else F.pad(entropy * mask, (0, T - t))))
+        order += rows
+    inverse = torch.tensor(order, device=prompt_ids.device).argsort()  # back to the caller's row order
+    logp = torch.cat([lp for lp, _ in parts])[inverse]  # (B, T)
+    entropy = torch.cat([e for _, e in parts])[inverse] if with_entropy else None
+    return logp, entropy
+
+
+def length_chunks(prompt_lengths: list[int], completion_lengths: list[int], chunk_cost: int = 256) -> list[list[int]]:
+    """Rows grouped into chunks of similar length, so that each chunk can be trimmed to its longest row.
+
+    Rows are sorted by completion length; a chunk of rows i..j-1 costs (j - i) * (longest prompt + longest
+    completion) tokens of compute, plus `chunk_cost` tokens for the extra forward call. The split with the least
+    total cost is found by dynamic programming: best[j] = min_i best[i] + cost(i, j).
+    """
+    order = sorted(range(len(completion_lengths)), key=lambda i: (completion_lengths[i], prompt_lengths[i]))
+    best, cut = [0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        longest_prompt = 0
+        for i in range(j - 1, -1, -1):  # chunk = sorted rows i..j-1; its longest completion is row j-1's
+            longest_prompt = max(longest_prompt, prompt_lengths[order[i]])
+            cost = best[i] + chunk_cost + (j - i) * (longest_prompt + completion_lengths[order[j - 1]])
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks, j = [], len(order)
+    while j > 0:
+        chunks.append(order[cut[j]:j])
+        j = cut[j]
+    return chunks[::-1]
+
+
+def _logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy):
+    """One chunk (B, P) + (B, T). Rows that share a prompt (the G completions of a group) share its forward
+    pass: the distinct prompts run first, filling a KV cache; each row then picks its prompt's keys and values
+    (indexing is differentiable, so the gradient of every completion flows into its prompt's activations)
+    and the completions run on top of them."""
+    prompts, which = torch.unique(prompt_ids, dim=0, return_inverse=True)  # (U, P), (B,): row b has prompt which[b]
+    first = torch.zeros(len(prompts), dtype=torch.long, device=prompt_ids.device).scatter_(
+        0, which.flip(0), torch.arange(len(which) - 1, -1, -1, device=prompt_ids.device))  # a row of each prompt
+    cache = DynamicCache(config=model.config)
+    position_ids = (prompt_mask[first].cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
+    prompt_logits = model(input_ids=prompts, attention_mask=prompt_mask[first], position_ids=position_ids,
+                          past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
+    cache.batch_select_indices(which)  # (U, ...) -> (B, ...)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (B, P + T)
+    position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1], device=prompt_ids.device)
+    completion_logits = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              past_key_values=cache, use_cache=True).logits  # (B, T, V)
+    # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.
+    logits = torch.cat([prompt_logits[which].unsqueeze(1), completion_logits[:, :-1]], dim=1)  # (B, T, V)
+    return _token_logprobs(logits, completion_ids, temperature, with_entropy)
+
+
+def _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy):
+    """One forward pass over a (B, P + T) batch."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     # Positions count real tokens only, so a left-padded prompt sees the same positions as in generate().
@@ -32,7 +116,12 @@ def completion_logprobs(
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1
     ).logits  # (B, T + 1, V)
-    logits = logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+    return _token_logprobs(logits[:, :-1], completion_ids, temperature, with_entropy)  # position t predicts token t
+
+
+def _token_logprobs(logits, completion_ids, temperature, with_entropy):
+    """log pi(o_t) = logit[o_t] - logsumexp(logits), and optionally the entropy, from logits (B, T, V)."""
+    logits = logits.float() / temperature
     token_logits = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
     logp = token_logits - torch.logsumexp(logits, dim=-1)  # (B, T)
     entropy = None

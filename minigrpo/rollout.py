@@ -1,6 +1,7 @@
 """Sampling completions: the "sample" step of every GRPO iteration.
 
-``sample_completions`` turns B prompts into B*G completions with HF ``model.generate`` and
+``sample_completions`` turns B prompts into B*G completions with ``decode``, a sampling loop
+written out in this file (``sample_completions_hf`` does the same with HF ``model.generate``), and
 returns them as tensors the loss can use directly:
 
     prompt_ids       (B*G, P)  left-padded, so every prompt ends at the same column
@@ -9,11 +10,16 @@ returns them as tensors the loss can use directly:
 
 Rows are grouped: prompt i owns rows i*G .. i*G+G-1. Group-relative advantages rely on it.
 
-Sampling is *pure* temperature / top-p sampling. HF's defaults are not: ``generate``
+Sampling is *pure* temperature / top-p sampling (``next_token``). HF's defaults are not: ``generate``
 fills every unset option from the model's ``generation_config.json`` and then from global
 defaults, which include ``top_k=50`` (and chat models often ship ``top_k=20`` or a
 ``repetition_penalty``). The policy-gradient ratio assumes the samples came from the
-policy's own softmax, so those filters are switched off explicitly here.
+policy's own softmax, so ``decode`` applies none of them, and ``generation_config`` switches
+them off explicitly for ``generate``.
+
+Why a loop of our own: it computes each prompt once per group instead of G times, and drops
+finished rows from the batch, where ``generate`` keeps decoding them until the longest row ends.
+When completion lengths vary (a short answer vs a long scratchpad), that is much of the work.
 
 Randomness comes from torch's global RNG; seed it (``torch.manual_seed``) for repeatable rollouts.
 """
@@ -21,7 +27,7 @@ Randomness comes from torch's global RNG; seed it (``torch.manual_seed``) for re
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 
 @dataclass
@@ -83,16 +89,46 @@ def sample_completions(
     top_p: float = 1.0,
     do_sample: bool = True,
 ) -> Rollout:
-    """Generate ``num_generations`` completions per prompt (greedy when ``do_sample=False``).
+    """Generate ``num_generations`` completions per prompt (greedy when ``do_sample=False``) with ``decode``.
 
     Prompts are tokenized as given (with the tokenizer's own special tokens, e.g. bos);
     chat templates, if any, are the caller's business.
     """
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    was_training = model.training
+    model.eval()
+    completion_ids = decode(
+        model, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
+        num_generations=num_generations, max_new_tokens=max_completion_length, temperature=temperature,
+        top_p=top_p, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id,
+    )
+    model.train(was_training)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
+    return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos_ids, pad_id)
 
+
+@torch.no_grad()
+def sample_completions_hf(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    num_generations: int = 1,
+    max_completion_length: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+) -> Rollout:
+    """The same as ``sample_completions``, with HF ``model.generate`` doing the decoding: the reference
+    ``decode`` is tested and benchmarked against (``minigrpo bench``)."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
     config = generation_config(
         model, tokenizer, max_completion_length=max_completion_length,
         temperature=temperature, top_p=top_p, do_sample=do_sample,
@@ -101,15 +137,89 @@ def sample_completions(
     model.eval()
     sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
     model.train(was_training)
-
     completion_ids = sequences[:, prompt_ids.shape[1]:]  # (B*G, T)
-    is_eos = torch.isin(completion_ids, torch.tensor(config.eos_token_id, device=device))
+    return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, config.eos_token_id, config.pad_token_id)
+
+
+# Finished rows are dropped from the decode batch once they are this fraction of it (dropping copies the cache).
+DROP_FINISHED_FRACTION = 0.25
+
+
+@torch.no_grad()
+def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_p, do_sample,
+           eos_ids, pad_id) -> torch.LongTensor:
+    """The sampling loop, written out. Returns completion ids (B*G, T), pad after each row's first eos.
+
+    prompt_ids, prompt_mask: (B, P) distinct prompts, left-padded. Row i*G + g is prompt i's g-th sample.
+
+    1. Prefill: one forward pass over the B prompts fills the KV cache. The G samples of a prompt share it,
+       so the prompt is computed once and its cache (and last logits) repeated G times.
+    2. Decode: each step samples one token per row (``next_token``) and feeds it back through the model,
+       which attends to the cache and appends its own keys and values.
+    3. A row that samples eos is finished. HF ``generate`` keeps computing finished rows until the last one
+       ends; here they are dropped from the batch and the cache once they are a quarter of it, so later steps
+       spend their compute on the rows still running.
+    """
+    device, G = prompt_ids.device, num_generations
+    eos = torch.tensor(eos_ids, device=device)
+    cache = DynamicCache(config=model.config)
+    position_ids = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # left padding does not shift positions
+    logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
+    cache.batch_repeat_interleave(G)
+    logits = logits.repeat_interleave(G, dim=0)  # (B*G, V)
+    attention_mask = prompt_mask.repeat_interleave(G, dim=0)  # (n, P + t): grows by one column per step
+    position = attention_mask.sum(1, keepdim=True)  # (n, 1): the position of the token being fed in
+
+    out = torch.full((len(logits), max_new_tokens), pad_id, dtype=torch.long, device=device)  # (B*G, T)
+    rows = torch.arange(len(logits), device=device)  # which output row each batch row writes to
+    finished = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    for t in range(max_new_tokens):
+        token = next_token(logits, temperature=temperature, top_p=top_p, do_sample=do_sample).masked_fill(finished, pad_id)
+        out[rows, t] = token
+        finished |= torch.isin(token, eos)
+        if t == max_new_tokens - 1 or finished.all():
+            return out[:, : t + 1]
+        if finished.sum() >= DROP_FINISHED_FRACTION * len(rows):
+            keep = (~finished).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, token, attention_mask, position, finished = (
+                x[keep] for x in (rows, token, attention_mask, position, finished))
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
+        logits = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=position,
+                       past_key_values=cache, use_cache=True).logits[:, -1]  # (n, V)
+        position = position + 1
+    return out
+
+
+def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, do_sample: bool) -> torch.LongTensor:
+    """One token per row from logits (n, V): pure temperature / top-p sampling, or greedy.
+
+    Top-p keeps the smallest set of most likely tokens whose probability reaches top_p, exactly as HF's
+    ``TopPLogitsWarper`` does (sort ascending, drop tokens while the cumulative probability is <= 1 - top_p,
+    always keep the most likely). No top-k.
+    """
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = logits.sort(dim=-1)  # ascending
+        drop = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop[:, -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(drop.scatter(1, sorted_idx, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
+
+
+def _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos_ids, pad_id) -> Rollout:
+    """Masks, truncation flags and text for completion ids (B*G, T) that may run on past their first eos."""
+    device = completion_ids.device
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=device))
     # Position of the first eos; T (one past the end) when there is none.
     T = completion_ids.shape[1]
     first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
     positions = torch.arange(T, device=device).unsqueeze(0)  # (1, T)
     completion_mask = (positions <= first_eos.unsqueeze(1)).float()  # (B*G, T)
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, config.pad_token_id)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
     is_truncated = ~is_eos.any(dim=1)
 
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

@@ -9,7 +9,7 @@
         save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
 
 What this loop simplifies, on purpose:
-  * One process, one device; generation with the policy's own `generate` (no separate inference engine).
+  * One process, one device; generation with the policy itself (`rollout.decode`, no separate inference engine).
   * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
     when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).

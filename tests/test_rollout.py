@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from minigrpo.evaluate import evaluate, pass_at_k
-from minigrpo.rollout import sample_completions
+from minigrpo.rollout import sample_completions, sample_completions_hf
 from minigrpo.tasks import get_task
 from minigrpo.tokenizer import build_tokenizer
 
@@ -182,3 +182,53 @@ def test_evaluate_pass_at_k_is_consistent():
     assert result["pass@1"] == pytest.approx(result["accuracy_sampled"])  # same n for every problem
     assert result["pass@1"] <= result["pass@2"] <= result["pass@3"] <= result["pass@4"]
     assert 2 <= result["mean_length_greedy"] <= task.max_completion_length
+
+
+# ---- the decode loop against HF generate -------------------------------------------------------------
+def test_decode_greedy_equals_hf_generate():
+    """Greedy decoding is deterministic, so the hand-written loop (shared prefill, dropping finished rows)
+    must give exactly HF generate's tokens: short and long scratchpads, early-ending and truncated rows."""
+    task = get_task("think_addition")
+    model = AutoModelForCausalLM.from_pretrained(task.model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
+    prompts = [r["prompt"] for r in task.load("test")[:48]]
+    kw = dict(num_generations=2, max_completion_length=30, do_sample=False)
+    ours = sample_completions(model, tokenizer, prompts, **kw)
+    hf = sample_completions_hf(model, tokenizer, prompts, **kw)
+    assert torch.equal(ours.completion_ids, hf.completion_ids)
+    assert torch.equal(ours.completion_mask, hf.completion_mask)
+    assert ours.completions == hf.completions
+    lengths = ours.completion_lengths
+    assert ours.is_truncated.any() and lengths.min() < 0.5 * lengths.max()  # rows did end at different steps
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_decode_samples_like_hf_generate(tokenizer, temperature, top_p):
+    """Same seed, same draws: while no row has finished (eos made impossible), the loop consumes torch's RNG
+    exactly as HF generate does, so pure temperature / top-p sampling gives the very same tokens."""
+    model = tiny_model(tokenizer, seed=2)
+    model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([tokenizer.eos_token_id]), -1e9))
+    runs = []
+    for fn in (sample_completions, sample_completions_hf):
+        torch.manual_seed(7)
+        runs.append(fn(model, tokenizer, PROMPTS, num_generations=G, max_completion_length=MAX_LEN,
+                       temperature=temperature, top_p=top_p))
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+    assert runs[0].is_truncated.all()
+
+
+def test_next_token_top_p_matches_hf_warpers():
+    """next_token's distribution is HF's temperature + top-p warpers with nothing else (no top-k)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from minigrpo.rollout import next_token
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 18) * 3
+    for temperature, top_p in [(1.0, 0.9), (0.5, 0.5), (2.0, 0.99)]:
+        hf = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(temperature)(None, logits.clone()))
+        allowed = torch.isfinite(hf)
+        draws = torch.stack([next_token(logits, temperature=temperature, top_p=top_p, do_sample=True) for _ in range(200)], 1)
+        assert allowed.gather(1, draws).all()  # never a token HF's top-p removed
+        assert torch.equal(allowed.sum(1) > 1, torch.tensor([len(set(r)) > 1 for r in draws.tolist()]))  # and the rest occur
+    assert torch.equal(next_token(logits, temperature=1.0, top_p=1.0, do_sample=False), logits.argmax(-1))

@@ -1,0 +1,26 @@
+"""`minigrpo bench --against trl` runs end to end on a very small random model and prints its ratios.
+
+No timing is asserted: timings belong in BENCHMARKS.md, not in a test. Skipped when trl is not installed.
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("trl")
+
+from minigrpo.cli import main  # noqa: E402
+
+
+def test_bench_against_trl_prints_ratios_and_a_matching_loss(capsys):
+    code = main(["bench", "--against", "trl", "--shape", "test", "--prompts", "2", "--num-generations", "4",
+                 "--max-completion-length", "6", "--steps", "1", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    ratio_lines = [line for line in out.splitlines() if re.search(r"\bratio\b", line)]
+    assert ratio_lines[0].startswith("step time ratio minigrpo/trl: ")
+    assert any(line.startswith("peak memory ratio") for line in ratio_lines)
+    assert any(line.startswith("decode tokens/s ratio") for line in ratio_lines)
+    # Same completions, same weights: the two losses agree (the line prints their difference).
+    difference = next(line for line in out.splitlines() if line.startswith("loss difference"))
+    assert abs(float(difference.split(":")[1])) < 1e-5
