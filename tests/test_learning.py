@@ -20,7 +20,7 @@ SHORT = dict(task="think_addition", max_steps=20, eval_steps=0, eval_limit=200, 
 
 def test_grpo_learns_to_think_and_lifts_greedy_accuracy(tmp_path):
     summary = train(Config(output_dir=str(tmp_path / "grpo"), **SHORT), progress=False)
-    # Measured on 2 CPU cores: 29.5% -> 78.5% after 20 steps (25 s); the warm start thinks in half its samples.
+    # Measured: 29.5% -> 67.5% after 20 steps; the warm start thinks in half its samples.
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.20, summary
     assert summary["completion_length_after"] > summary["completion_length_before"], summary  # it writes its scratchpad
 
@@ -28,7 +28,7 @@ def test_grpo_learns_to_think_and_lifts_greedy_accuracy(tmp_path):
 def test_random_reward_control_does_not_lift_accuracy(tmp_path):
     """Same loop, same rate of 1s, but the 1s land on random completions: accuracy must not rise."""
     summary = train(Config(output_dir=str(tmp_path / "random"), reward_funcs=["random"], **SHORT), progress=False)
-    assert summary["accuracy_after"] <= summary["accuracy_before"] - 0.05, summary  # measured: 29.5% -> 2.0%
+    assert summary["accuracy_after"] <= summary["accuracy_before"] - 0.05, summary  # measured: 29.5% -> 0.5%
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
