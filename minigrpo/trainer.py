@@ -12,11 +12,11 @@ What this loop simplifies, on purpose:
   * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
     when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
-  * The reference policy (beta > 0) is a frozen copy of the starting weights, made once.
+  * The reference policy (beta > 0) is a frozen copy of the starting weights, made once; with LoRA it is the
+    same model with its adapter switched off (models.py), so it costs no memory.
   * No gradient accumulation: each mini-batch is one optimizer step.
 """
 
-import copy
 import json
 import math
 import random
@@ -31,7 +31,8 @@ from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
 from .config import Config, ConfigError
 from .evaluate import evaluate
 from .logprobs import completion_logprobs
-from .models import load_model_and_tokenizer, resolve_device
+from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
+                     save_policy)
 from .objectives import policy_loss
 from .rewards import RewardError, combine_rewards, overlong_penalty, score_completions, shuffled
 from .rollout import Rollout, sample_completions
@@ -159,7 +160,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
     task = get_task(cfg.task)
-    model, tokenizer = load_model_and_tokenizer(cfg.model_name_or_path or task.model_dir, device)
+    model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full, LoRA or QLoRA
     max_len = cfg.max_completion_length or task.max_completion_length
     if reward_funcs is None:
         reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
@@ -177,9 +178,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
             f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({max_len}) exceeds the "
             f"model's context of {context} tokens"
         )
-    ref_model = None
-    if cfg.beta > 0:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    ref_model = reference_policy(model) if cfg.beta > 0 else None
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
@@ -256,9 +255,10 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     metrics_file.close()
 
     after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
-    if cfg.save_model:
-        model.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
+    trainable_params, total_params = parameter_counts(model)
+    peak_memory = peak_memory_bytes(device)  # before saving: merging a LoRA adapter reloads the base model
+    if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/
+        save_policy(model, tokenizer, out / "model", base_name_or_path=cfg.model_name_or_path or task.model_dir, dtype=cfg.dtype)
     summary = {
         "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "loss_type": cfg.loss_type,
         "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
@@ -267,6 +267,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
         "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
         "device": str(device), "torch": torch.__version__,
+        "quantized": is_quantized(model), "trainable_params": trainable_params, "total_params": total_params,
+        "peak_memory_bytes": peak_memory,  # CUDA peak allocated, or the process's peak RSS on CPU (models.py)
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     from .plots import plot_runs
