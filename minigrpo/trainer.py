@@ -8,7 +8,8 @@
         log       one JSON line of metrics                                             metrics.jsonl
 
 What this loop simplifies, on purpose:
-  * One process, one device; generation with the policy's own `generate` (no separate inference engine).
+  * One process, one device; generation with the policy's own `generate` (engines.py), or with a colocated vLLM
+    engine (`use_vllm`, rollout_vllm.py, untested here) whose weights are synced after each batch's updates.
   * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
     when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
@@ -29,13 +30,14 @@ from tqdm.auto import tqdm
 
 from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
 from .config import Config, ConfigError
+from .engines import make_engine
 from .evaluate import evaluate
 from .logprobs import completion_logprobs
 from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
                      save_policy)
 from .objectives import policy_loss
 from .rewards import RewardError, combine_rewards, overlong_penalty, score_completions, shuffled
-from .rollout import Rollout, sample_completions
+from .rollout import Rollout
 from .tasks import Task, get_task
 
 __all__ = ["train", "build_reward_funcs"]
@@ -81,7 +83,7 @@ def _pad_cat(tensors: list[torch.Tensor], value, left: bool = False) -> torch.Te
     return torch.cat([pad(t) for t in tensors])
 
 
-def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model, pad_id) -> dict:
+def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model, pad_id, engine) -> dict:
     """Sample, score and compute advantages for one batch. With dynamic_sampling (DAPO), groups whose rewards
     are all equal are dropped and more prompts are sampled until the batch is full (or rounds run out)."""
     G = cfg.num_generations
@@ -90,8 +92,8 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     while sum(len(part["rows"]) for part in kept) < num_prompts * G and rounds < cfg.max_dynamic_sampling_rounds:
         rounds += 1
         rows = sampler.take(num_prompts)
-        roll = sample_completions(
-            model, tokenizer, [r["prompt"] for r in rows], num_generations=G, max_completion_length=max_len,
+        roll = engine.generate(
+            [r["prompt"] for r in rows], num_generations=G, max_completion_length=max_len,
             temperature=cfg.temperature, top_p=cfg.top_p,
         )
         rows = [r for r in rows for _ in range(G)]  # one row per completion, grouped like the rollout
@@ -179,6 +181,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
             f"model's context of {context} tokens"
         )
     ref_model = reference_policy(model) if cfg.beta > 0 else None
+    engine = make_engine(cfg, model, tokenizer)  # the policy's own generate, or vLLM (use_vllm)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
@@ -199,7 +202,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         # 1-3. Sample, score, advantages.
         with autocast():
             batch = collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model,
-                                  tokenizer.pad_token_id)
+                                  tokenizer.pad_token_id, engine)
         t_generate = time.perf_counter() - t0
         ids = [batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
         adv = batch["adv"].to(device)
@@ -238,6 +241,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                 stats.update(loss=loss.item(), grad_norm=grad_norm,
                              entropy=((entropy * mb_ids[3]).sum() / mb_ids[3].sum().clamp(min=1)).item())
                 step_stats.append(stats)
+        engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
         step_seconds = time.perf_counter() - t0
