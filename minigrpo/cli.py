@@ -1,10 +1,11 @@
-"""`python -m minigrpo train | eval | plot` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | memory` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
     minigrpo train --config run.yaml --seed 1       # YAML first, flags override
     minigrpo eval --model runs/grpo/model --split test
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
+    minigrpo memory --shape tiny                    # peak memory: GRPO full / LoRA / QLoRA vs PPO with a critic
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
 """
@@ -94,9 +95,15 @@ def cmd_plot(argv: list[str]) -> int:
     return 0
 
 
+def cmd_memory(argv: list[str]) -> int:
+    from .memory import main as memory_main
+
+    return memory_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
+    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "memory": cmd_memory}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
