@@ -1,4 +1,4 @@
-"""`python -m minigrpo train | eval | plot | bench` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | bench | memory` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
@@ -8,6 +8,7 @@
     minigrpo eval --model runs/grpo/model --split test
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
     minigrpo bench --against trl                    # one GRPO step, minigrpo vs TRL, side by side (needs trl)
+    minigrpo memory --shape tiny                    # peak memory: GRPO full / LoRA / QLoRA vs PPO with a critic
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
 """
@@ -105,9 +106,15 @@ def cmd_bench(argv: list[str]) -> int:
     return bench(argv)
 
 
+def cmd_memory(argv: list[str]) -> int:
+    from .memory import main as memory_main
+
+    return memory_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench}
+    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench, "memory": cmd_memory}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

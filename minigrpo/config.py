@@ -27,7 +27,18 @@ class Config:
     seed: int = 0
     max_steps: int = 100
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
-    bf16: bool = False  # autocast to bfloat16 (GPU); weights stay float32
+    bf16: bool = False  # autocast to bfloat16 (GPU); weights stay in `dtype`
+    # --- model: LoRA and 4-bit quantization (TRL's ModelConfig names) ---
+    dtype: str = "float32"  # weights' dtype at load; with load_in_4bit, the compute dtype of the 4-bit layers
+    use_peft: bool = False  # train a LoRA adapter instead of all weights (peft)
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] | None = None  # None = every linear layer of the blocks (models.py)
+    load_in_4bit: bool = False  # QLoRA: base weights in 4 bits (bitsandbytes); needs use_peft
+    bnb_4bit_quant_type: str = "nf4"  # "nf4" or "fp4"
+    use_bnb_nested_quant: bool = False  # double quantization: the quantization constants quantized too
+    use_vllm: bool = False  # generate with vLLM (extra minigrpo[vllm], CUDA only); see rollout_vllm.py
     # --- rollout ---
     num_generations: int = 8  # G, completions per prompt
     generation_batch_size: int = 128  # completions per step = prompts per step x G
@@ -88,6 +99,8 @@ class Config:
             "kl_estimator": ("k1", "k2", "k3"),
             "lr_scheduler_type": ("constant", "linear"),
             "device": ("auto", "cpu", "cuda"),
+            "dtype": ("float32", "bfloat16", "float16"),
+            "bnb_4bit_quant_type": ("nf4", "fp4"),
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -122,6 +135,12 @@ class Config:
             raise ConfigError(
                 f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs"
             )
+        if self.load_in_4bit and not self.use_peft:
+            raise ConfigError("load_in_4bit: 4-bit weights cannot be trained directly; add use_peft (QLoRA)")
+        if self.lora_r < 1:
+            raise ConfigError(f"lora_r: must be >= 1, got {self.lora_r}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout: must be in [0, 1), got {self.lora_dropout}")
         if self.loss_type == "gmpo" and self.importance_sampling_level != "token":
             raise ConfigError("importance_sampling_level: gmpo builds its own sequence ratio, use 'token'")
 

@@ -1,16 +1,44 @@
-"""Loading a policy: any Hugging Face causal LM, by local directory or hub name.
+"""Loading a policy: any Hugging Face causal LM, by local directory or hub name, optionally as LoRA or QLoRA.
 
 The default everywhere is a tiny Llama shipped under data/models/<task>/ (built by
 scripts/make_tiny_world.py), so nothing needs the internet. A hub name such as "Qwen/Qwen2.5-0.5B-Instruct"
 works the same way on a machine that can reach the hub.
+
+What fits on one consumer GPU (8-24 GB) is decided here, not in the trainer:
+  * LoRA (`use_peft`, peft): the weights W stay frozen and only a low-rank update is trained,
+    W x + (alpha / r) * B A x with A (r, d_in), B (d_out, r), B = 0 at the start. Adam's two moments and the
+    gradients exist for A and B only. (Hu et al. 2021, "LoRA", section 4.1.)
+  * QLoRA (`load_in_4bit`, bitsandbytes): the frozen W is stored as 4-bit NormalFloat (nf4), optionally with
+    its quantization constants quantized too (double quantization), and dequantized to the compute dtype
+    block by block inside each matmul. (Dettmers et al. 2023, "QLoRA", section 3.)
+  * The reference policy of the KL term is the same base with the adapter switched off: no second copy.
+peft and bitsandbytes do the work; this file only decides what to ask them for.
 """
 
+import copy
 import os
+import resource
+import sys
 from pathlib import Path
 
 import torch
 
 from .config import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Every linear layer of the transformer blocks (attention and MLP), as the QLoRA paper recommends
+# (section 4: "LoRA on all linear layers is critical to match full fine-tuning"). peft's own default for
+# Llama/Qwen2 is q_proj and v_proj only. The output head is left out: it is tied to the embeddings here.
+LORA_TARGET_MODULES = {
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gemma": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+}
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -21,31 +49,202 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """(model, tokenizer) in float32 on `device`, tokenizer padding on the left (for generation).
-
-    A path that looks local (exists, or starts with '.', '/', '~') must exist; a hub name that cannot be
-    fetched (offline, unknown) raises one line saying so rather than a long stack of HTTP errors.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _local_or_hub(name_or_path: str | os.PathLike) -> str:
+    """A path that looks local (exists, or starts with '.', '/', '~') must exist; a hub name is passed on."""
     name = str(name_or_path)
     local = Path(name).expanduser()
     looks_local = local.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
     if looks_local and not local.is_dir():
         raise FileNotFoundError(f"model_name_or_path: {name} is not a directory")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if looks_local else name)
-        model = AutoModelForCausalLM.from_pretrained(str(local) if looks_local else name, dtype=torch.float32)
-    except OSError as exc:
-        from huggingface_hub import is_offline_mode
+    return str(local) if looks_local else name
 
-        hint = " (HF_HUB_OFFLINE is set, so the hub was not asked)" if is_offline_mode() else ""
-        raise OSError(
-            f"model_name_or_path: could not load {name!r} — not a local model directory and not fetchable "
-            f"from the hub{hint}. Pass a directory saved with save_pretrained, or omit it to use the shipped tiny model."
-        ) from exc
+
+def _unfetchable(name: str, exc: Exception) -> OSError:
+    from huggingface_hub import is_offline_mode
+
+    hint = " (HF_HUB_OFFLINE is set, so the hub was not asked)" if is_offline_mode() else ""
+    return OSError(
+        f"model_name_or_path: could not load {name!r} — not a local model directory and not fetchable "
+        f"from the hub{hint}. Pass a directory saved with save_pretrained, or omit it to use the shipped tiny model."
+    )
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """The tokenizer, padding on the left (for generation), with a pad token (eos if it has none)."""
+    from transformers import AutoTokenizer
+
+    name = _local_or_hub(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except OSError as exc:
+        raise _unfetchable(name, exc) from exc
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device), tokenizer
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    dtype: str = "float32",
+    load_in_4bit: bool = False,
+    bnb_4bit_quant_type: str = "nf4",
+    use_bnb_nested_quant: bool = False,
+):
+    """A causal LM on `device`, its weights in `dtype`, or its linear layers in 4 bits (bitsandbytes).
+
+    With load_in_4bit, every nn.Linear of the blocks becomes a bitsandbytes Linear4bit (the output head and the
+    embeddings stay in `dtype`), and `dtype` is the compute dtype the 4-bit blocks are dequantized to — as in
+    TRL's ModelConfig, where one `dtype` field serves both. bitsandbytes >= 0.45 runs this on the CPU too.
+    A directory holding a LoRA adapter (adapter_config.json) loads its base model with the adapter on top.
+    """
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    name = _local_or_hub(name_or_path)
+    kwargs = {"dtype": DTYPES[dtype]}
+    if load_in_4bit:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type=bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=use_bnb_nested_quant, bnb_4bit_compute_dtype=DTYPES[dtype],
+        )
+        kwargs["device_map"] = {"": str(device)}  # quantized weights are placed while loading, never moved
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except OSError as exc:
+        raise _unfetchable(name, exc) from exc
+    return model if load_in_4bit else model.to(device)
+
+
+def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", **model_kwargs):
+    """(model, tokenizer): `load_model` (float32 unless told otherwise) and `load_tokenizer` from one place."""
+    return load_model(name_or_path, device, **model_kwargs), load_tokenizer(name_or_path)
+
+
+def default_lora_target_modules(model) -> list[str] | str:
+    """The LoRA targets for this architecture: every linear layer of the blocks (see LORA_TARGET_MODULES).
+
+    An architecture not in the table gets peft's "all-linear" (every nn.Linear but the output head).
+    """
+    return LORA_TARGET_MODULES.get(getattr(model.config, "model_type", None), "all-linear")
+
+
+def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, target_modules=None):
+    """Freeze `model` and wrap it in a peft LoRA adapter; only the adapter's A and B are trainable.
+
+    A 4-bit model first goes through peft's `prepare_model_for_kbit_training`, which freezes it and keeps the
+    layers that are not quantized (norms, embeddings) in float32 for stable training. Gradient checkpointing is
+    left off: it trades compute for memory and would change what `minigrpo memory` compares.
+    """
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if getattr(model, "is_loaded_in_4bit", False):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    lora = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
+        target_modules=target_modules or default_lora_target_modules(model),
+    )
+    return get_peft_model(model, lora)
+
+
+def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
+    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too)."""
+    model = load_model(
+        name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
+        bnb_4bit_quant_type=cfg.bnb_4bit_quant_type, use_bnb_nested_quant=cfg.use_bnb_nested_quant,
+    )
+    if cfg.use_peft:
+        model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                         target_modules=cfg.lora_target_modules)
+    return model, load_tokenizer(name_or_path)
+
+
+def is_lora(model) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def is_quantized(model) -> bool:
+    """True when the base weights are 4-bit (bitsandbytes Linear4bit), with or without a LoRA adapter."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
+
+
+class AdapterDisabled:
+    """The reference policy of a LoRA run: the policy itself with its adapter switched off for the call.
+
+    The base weights never change during LoRA training, so "the starting policy" is exactly the base model.
+    Called like a model (`ref(input_ids=...)`), it costs one forward pass and no memory beyond it.
+    """
+
+    def __init__(self, peft_model):
+        self.peft_model = peft_model
+
+    def __call__(self, *args, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.peft_model(*args, **kwargs)
+
+
+def reference_policy(model):
+    """The frozen reference of the KL term: the adapter-free base for LoRA, else a copy of the starting weights."""
+    if is_lora(model):
+        return AdapterDisabled(model)
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """(trainable, total) parameters. A 4-bit weight counts as the number of weights it stores, not bytes."""
+    if is_lora(model):
+        return model.get_nb_trainable_parameters()  # peft knows that a Params4bit packs two weights per byte
+    total = sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
+
+
+def peak_memory_bytes(device: torch.device | str) -> int:
+    """The peak memory so far, in bytes: what the accelerator or the process needed at its worst.
+
+    CUDA: torch.cuda.max_memory_allocated — tensors only (not the caching allocator's slack, not the CUDA
+    context), since the last torch.cuda.reset_peak_memory_stats() or the process start.
+    CPU: the process's peak resident set size over its whole lifetime, so it includes Python, torch's own
+    libraries (a few hundred MB) and anything the process did before training. On Linux it is read from
+    /proc/self/status (VmHWM, in KiB) rather than getrusage's ru_maxrss: ru_maxrss survives fork + exec, so a
+    process started by a big parent (a notebook, `minigrpo memory`) would report the parent's RSS as its own
+    peak (measured: a 10 MB child of a 1.5 GB parent reports 1.5 GB). Elsewhere ru_maxrss (KiB on Linux,
+    bytes on macOS). Compare two setups by running each in a fresh process (`minigrpo memory` does).
+    """
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_path=None, dtype: str = "float32"):
+    """Save what was trained, loadable with `from_pretrained`; returns the directories written.
+
+    Full fine-tuning: `out_dir` holds the model (save_pretrained format) and the tokenizer.
+    LoRA: `out_dir` holds the adapter (adapter_config.json + adapter_model.safetensors, a few MB), loadable
+    with `PeftModel.from_pretrained(base, out_dir)`; `<out_dir>_merged` holds a plain model with the update
+    folded into the weights, W + (alpha / r) B A. The merge is done on the base reloaded from
+    `base_name_or_path` in `dtype`, never on the trained model: for QLoRA that base is the float original, not
+    its 4-bit copy (a 4-bit weight cannot hold W + BA exactly), so the merged model's outputs differ from the
+    4-bit policy's by the quantization error of W — they equal a float base with the adapter on top.
+    """
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    if not is_lora(model):
+        return [out_dir]
+    from peft import PeftModel
+
+    base_name_or_path = base_name_or_path or model.peft_config["default"].base_model_name_or_path
+    base = load_model(base_name_or_path, "cpu", dtype=dtype)
+    merged = PeftModel.from_pretrained(base, out_dir).merge_and_unload()
+    merged_dir = out_dir.with_name(out_dir.name + "_merged")
+    merged.save_pretrained(merged_dir)
+    tokenizer.save_pretrained(merged_dir)
+    return [out_dir, merged_dir]

@@ -9,15 +9,17 @@
         save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
 
 What this loop simplifies, on purpose:
-  * One process, one device; generation with the policy itself (`rollout.decode`, no separate inference engine).
+  * One process, one device; generation with the policy itself (rollout.py's decode loop, via engines.py), or
+    with a colocated vLLM engine (`use_vllm`, rollout_vllm.py, untested here) whose weights are synced after
+    each batch's updates.
   * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
     when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
-  * The reference policy (beta > 0) is a frozen copy of the starting weights, made once.
+  * The reference policy (beta > 0) is a frozen copy of the starting weights, made once; with LoRA it is the
+    same model with its adapter switched off (models.py), so it costs no memory.
   * No gradient accumulation: each mini-batch is one optimizer step.
 """
 
-import copy
 import json
 import math
 import random
@@ -31,12 +33,14 @@ from tqdm.auto import tqdm
 from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from .config import Config, ConfigError
+from .engines import make_engine
 from .evaluate import evaluate
 from .logprobs import completion_logprobs
-from .models import load_model_and_tokenizer, resolve_device
+from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
+                     save_policy)
 from .objectives import policy_loss
 from .rewards import RewardError, combine_rewards, overlong_penalty, score_completions, shuffled
-from .rollout import Rollout, sample_completions
+from .rollout import Rollout
 from .tasks import Task, get_task
 
 __all__ = ["train", "build_reward_funcs"]
@@ -90,7 +94,7 @@ def _pad_cat(tensors: list[torch.Tensor], value, left: bool = False) -> torch.Te
     return torch.cat([pad(t) for t in tensors])
 
 
-def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model, pad_id) -> dict:
+def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model, pad_id, engine) -> dict:
     """Sample, score and compute advantages for one batch. With dynamic_sampling (DAPO), groups whose rewards
     are all equal are dropped and more prompts are sampled until the batch is full (or rounds run out)."""
     G = cfg.num_generations
@@ -99,8 +103,8 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     while sum(len(part["rows"]) for part in kept) < num_prompts * G and rounds < cfg.max_dynamic_sampling_rounds:
         rounds += 1
         rows = sampler.take(num_prompts)
-        roll = sample_completions(
-            model, tokenizer, [r["prompt"] for r in rows], num_generations=G, max_completion_length=max_len,
+        roll = engine.generate(
+            [r["prompt"] for r in rows], num_generations=G, max_completion_length=max_len,
             temperature=cfg.temperature, top_p=cfg.top_p,
         )
         rows = [r for r in rows for _ in range(G)]  # one row per completion, grouped like the rollout
@@ -184,7 +188,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
     task = get_task(cfg.task)
-    model, tokenizer = load_model_and_tokenizer(cfg.model_name_or_path or task.model_dir, device)
+    model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full, LoRA or QLoRA
     max_len = cfg.max_completion_length or task.max_completion_length
     if reward_funcs is None:
         reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
@@ -205,9 +209,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                 f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
                 f"the model's context of {context} tokens"
             )
-    ref_model = None
-    if cfg.beta > 0:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    ref_model = reference_policy(model) if cfg.beta > 0 else None
+    engine = make_engine(cfg, model, tokenizer)  # the policy's own decode loop, or vLLM (use_vllm)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
@@ -234,7 +237,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         # 1-3. Sample, score, advantages.
         with autocast():
             batch = collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, ref_model,
-                                  tokenizer.pad_token_id)
+                                  tokenizer.pad_token_id, engine)
         t_generate = time.perf_counter() - t0
         ids = [batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
         adv = batch["adv"].to(device)
@@ -273,6 +276,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                 stats.update(loss=loss.item(), grad_norm=grad_norm,
                              entropy=((entropy * mb_ids[3]).sum() / mb_ids[3].sum().clamp(min=1)).item())
                 step_stats.append(stats)
+        engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
         step_seconds = time.perf_counter() - t0
@@ -296,9 +300,10 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
 
     before = run_state["before"]
     after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
-    if cfg.save_model:
-        model.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
+    trainable_params, total_params = parameter_counts(model)
+    peak_memory = peak_memory_bytes(device)  # before saving: merging a LoRA adapter reloads the base model
+    if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/
+        save_policy(model, tokenizer, out / "model", base_name_or_path=cfg.model_name_or_path or task.model_dir, dtype=cfg.dtype)
     summary = {
         "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "loss_type": cfg.loss_type,
         "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(run_state["wall_seconds"], 2),
@@ -308,6 +313,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
         "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
         "device": str(device), "torch": torch.__version__,
+        "quantized": is_quantized(model), "trainable_params": trainable_params, "total_params": total_params,
+        "peak_memory_bytes": peak_memory,  # CUDA peak allocated, or the process's peak RSS on CPU (models.py)
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     from .plots import plot_runs

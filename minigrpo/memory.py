@@ -1,0 +1,299 @@
+"""`minigrpo memory`: the peak memory of one training step, for four ways to train the same model.
+
+    grpo-full    GRPO, every weight trained (weights + gradients + Adam's two moments, all in `dtype`)
+    grpo-lora    GRPO, LoRA adapter only (frozen base; gradients and moments for A and B only)
+    grpo-qlora   GRPO, LoRA on a 4-bit nf4 base with double quantization (bitsandbytes)
+    ppo-critic   PPO with a value network the same size as the policy (ppo_critic.py), both fully trained
+
+GRPO's claim to fame is dropping PPO's critic; DeepSeekMath (Shao et al. 2024, section 4.1) motivates it by the
+critic's memory, and write-ups quote "about 40% less". This command measures it instead of quoting it, and
+prints the ratio GRPO (full) / PPO (critic). Every setup runs in a fresh Python process, so one setup's
+allocations cannot leak into the next one's peak.
+
+What is measured, exactly (see models.peak_memory_bytes):
+  * CUDA: torch.cuda.max_memory_allocated over the process — weights, gradients, optimizer state, activations.
+  * CPU: the process's peak resident set size (VmHWM). It includes Python and the libraries (a few hundred MB,
+    the same for every setup), so the table also shows "model + step": the peak minus the RSS just before the
+    model is built, once every library (and the architecture's modeling code) is imported and the peak has been
+    reset to the current RSS (Linux /proc/self/clear_refs). The ratio is taken on that. It still includes
+    what the CPU runtime allocates on first use (oneDNN/OpenMP buffers, allocator arenas): tens of MB, which
+    dominate on the tiny model and vanish on real shapes.
+What is simplified: the rollout is replaced by random token ids of a fixed length (every setup sees the same
+shapes; random weights would stop at random lengths), and rewards are random 0/1. Generation's KV cache at
+these shapes is far smaller than the activations the training forward keeps for backward, and is the same in
+every setup. A "step" is measured over `--steps 2` optimizer steps, because Adam's moments are created in the
+first optimizer step: the second step is the first one that holds weights, moments, activations and gradients
+at once, as every later step does. No gradient checkpointing anywhere.
+
+Shapes: "tiny" is the shipped model (data/models/think_addition); the Qwen2.5 shapes are built from a Qwen2Config
+with the published sizes and random weights (no download), saved once to a temporary directory.
+"qwen2.5-0.5b-2l" keeps Qwen2.5-0.5B's width and 151,936-token vocabulary but only 2 of its 24 blocks: a shape
+a 2-core CPU measures in minutes.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+QWEN2_5 = {  # from the published config.json files of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2),
+}
+QWEN2_5["qwen2.5-0.5b-2l"] = {**QWEN2_5["qwen2.5-0.5b"], "num_hidden_layers": 2}
+SHAPES = ("tiny", *QWEN2_5)
+SETUPS = {
+    "grpo-full": "GRPO full fine-tune",
+    "grpo-lora": "GRPO LoRA",
+    "grpo-qlora": "GRPO QLoRA (nf4)",
+    "ppo-critic": "PPO + critic",
+}
+RESULT_MARKER = "MINIGRPO_MEMORY_RESULT "
+
+
+def qwen_config(shape: str):
+    """The Qwen2Config of a Qwen2.5 shape: the published sizes, nothing downloaded."""
+    from transformers import Qwen2Config
+
+    if shape not in QWEN2_5:
+        raise ValueError(f"shape: {shape!r} is not one of {', '.join(QWEN2_5)}")
+    return Qwen2Config(vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                       rope_theta=1e6, rms_norm_eps=1e-6, **QWEN2_5[shape])
+
+
+def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
+    """A model directory for `shape`: the shipped tiny model, or a random Qwen2.5-shaped model saved in workdir."""
+    if shape == "tiny":
+        from .tasks import get_task
+
+        return get_task("think_addition").model_dir
+    from transformers import AutoModelForCausalLM
+
+    config = qwen_config(shape)
+    path = Path(workdir) / shape
+    if not (path / "config.json").exists():
+        torch.manual_seed(0)
+        # Saved in bfloat16 to halve the disk; every setup loads it back in its own dtype.
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def synthetic_batch(vocab_size: int, batch_size: int, prompt_length: int, completion_length: int, seed: int = 0):
+    """Random prompt and completion ids of fixed lengths, and random 0/1 rewards: a stand-in for a rollout."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "prompt_ids": torch.randint(3, vocab_size, (batch_size, prompt_length), generator=g),
+        "prompt_mask": torch.ones(batch_size, prompt_length, dtype=torch.long),
+        "completion_ids": torch.randint(3, vocab_size, (batch_size, completion_length), generator=g),
+        "completion_mask": torch.ones(batch_size, completion_length),
+    }, torch.randint(0, 2, (batch_size,), generator=g).float()
+
+
+def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None, beta: float = 0.0) -> float:
+    """One GRPO optimizer step on a given batch, as trainer.py does it (on-policy: old_logp = logp.detach())."""
+    from .advantages import group_advantages
+    from .logprobs import completion_logprobs
+    from .objectives import policy_loss
+
+    ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+    adv, _ = group_advantages(rewards, group_size)
+    ref_logp = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logp = completion_logprobs(ref_model, *ids)[0]
+    logp, _ = completion_logprobs(model, *ids)
+    loss, _ = policy_loss(logp, logp.detach(), adv.to(logp.device), ids[3], beta=beta, ref_logp=ref_logp)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _import_model_code(model_dir: str) -> None:
+    """Import every library a setup will use (and the architecture's modeling code) before the baseline, so
+    that "model + step" counts the model and the step, not the import of the code that builds them."""
+    import bitsandbytes  # noqa: F401
+    import peft  # noqa: F401
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_dir))]
+
+
+def _reset_peak_rss() -> None:
+    """Linux: set this process's peak RSS (VmHWM) to its current RSS, so the peak that follows is the step's.
+    Elsewhere a no-op (the peak then also covers the imports; the baseline subtraction still removes most)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 8,
+                  num_generations: int = 8, prompt_length: int = 32, completion_length: int = 64, steps: int = 2,
+                  beta: float = 0.0, lora_r: int = 16) -> dict:
+    """Build one setup and run `steps` training steps; returns its parameter counts and peak memory.
+
+    Meant to run alone in a fresh process (`measure` does that): the peak is the process's, from its start.
+    """
+    from .models import add_lora, load_model, parameter_counts, peak_memory_bytes, reference_policy
+    from .ppo_critic import ValueModel, ppo_step
+
+    device = torch.device(device)
+    _import_model_code(model_dir)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+    else:
+        _reset_peak_rss()
+        baseline = peak_memory_bytes(device)
+    t0 = time.perf_counter()
+    if setup == "grpo-qlora":
+        model = add_lora(load_model(model_dir, device, dtype=dtype, load_in_4bit=True, use_bnb_nested_quant=True),
+                         r=lora_r, alpha=2 * lora_r)
+    elif setup == "grpo-lora":
+        model = add_lora(load_model(model_dir, device, dtype=dtype), r=lora_r, alpha=2 * lora_r)
+    elif setup in ("grpo-full", "ppo-critic"):
+        model = load_model(model_dir, device, dtype=dtype)
+    else:
+        raise ValueError(f"setup: {setup!r} is not one of {', '.join(SETUPS)}")
+    ref_model = reference_policy(model) if beta > 0 else None
+    critic = ValueModel(model).to(device) if setup == "ppo-critic" else None
+    trainable, total = parameter_counts(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if critic is not None:
+        params += list(critic.parameters())
+        trainable, total = trainable + sum(p.numel() for p in critic.parameters()), total + sum(
+            p.numel() for p in critic.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-6)
+    batch, rewards = synthetic_batch(model.config.vocab_size, batch_size, prompt_length, completion_length)
+    batch, rewards = {k: v.to(device) for k, v in batch.items()}, rewards.to(device)
+    for _ in range(steps):
+        if critic is None:
+            grpo_step(model, optimizer, batch, rewards, num_generations, ref_model, beta)
+        else:
+            ref_logp = None
+            if ref_model is not None:
+                from .logprobs import completion_logprobs
+
+                with torch.no_grad():
+                    ref_logp = completion_logprobs(ref_model, *batch.values())[0]
+            ppo_step(model, critic, optimizer, batch, rewards, ref_logp=ref_logp, kl_coef=beta or 0.05)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return {"setup": setup, "trainable_params": trainable, "total_params": total,
+            "peak_bytes": peak_memory_bytes(device), "baseline_bytes": baseline,
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def measure(shape: str, setups=tuple(SETUPS), *, workdir=None, **kwargs) -> list[dict]:
+    """Measure every setup on `shape`, each in a fresh subprocess. kwargs go to `measure_setup`."""
+    with tempfile.TemporaryDirectory(prefix="minigrpo-memory-") as tmp:
+        model_dir = str(shape_dir(shape, workdir or tmp))
+        package_parent = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")])}
+        results = []
+        for setup in setups:
+            request = json.dumps({"setup": setup, "model_dir": model_dir, **kwargs})
+            proc = subprocess.run([sys.executable, "-m", "minigrpo.memory", "--child", request],
+                                  capture_output=True, text=True, env=env)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"memory: setup {setup} on {shape} failed:\n{proc.stderr[-3000:]}")
+            results.append({"shape": shape, **json.loads(lines[-1][len(RESULT_MARKER):])})
+        return results
+
+
+def grpo_ppo_ratio(results: list[dict], device: str) -> float | None:
+    """Full-fine-tune GRPO's memory over PPO-with-critic's (CPU: on peak minus baseline, CUDA: on the peak)."""
+    by_setup = {r["setup"]: r for r in results}
+    if "grpo-full" not in by_setup or "ppo-critic" not in by_setup:
+        return None
+    used = lambda r: r["peak_bytes"] - (r["baseline_bytes"] if device == "cpu" else 0)  # noqa: E731
+    return used(by_setup["grpo-full"]) / used(by_setup["ppo-critic"])
+
+
+def format_table(results: list[dict], device: str) -> str:
+    """A plain-text table of one shape's results, then the GRPO/PPO ratio."""
+    mib = lambda b: f"{b / 2**20:,.1f}"  # noqa: E731
+    peak_name = "peak RSS MiB" if device == "cpu" else "peak alloc MiB"
+    head = f"{'setup':22s} {'trainable':>13s} {'total':>13s} {peak_name:>15s}"
+    head += f" {'model+step MiB':>15s}" if device == "cpu" else ""
+    lines = [head + f" {'seconds':>8s}", "-" * len(head + " " * 9)]
+    for r in results:
+        line = f"{SETUPS[r['setup']]:22s} {r['trainable_params']:>13,d} {r['total_params']:>13,d} {mib(r['peak_bytes']):>15s}"
+        line += f" {mib(r['peak_bytes'] - r['baseline_bytes']):>15s}" if device == "cpu" else ""
+        lines.append(line + f" {r['seconds']:>8.1f}")
+    ratio = grpo_ppo_ratio(results, device)
+    if ratio is not None:
+        basis = "model+step" if device == "cpu" else "peak allocated"
+        lines.append(f"GRPO/PPO memory ratio: {ratio:.2f} (full-fine-tune GRPO / PPO with critic, on {basis}: "
+                     f"{1 - ratio:.0%} less)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="minigrpo memory", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", action="append", choices=SHAPES,
+                   help="model shape, repeatable (default: tiny and qwen2.5-0.5b-2l on CPU; "
+                        "tiny, qwen2.5-0.5b and qwen2.5-1.5b on CUDA)")
+    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated subset of {', '.join(SETUPS)}")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--batch-size", type=int, default=8, help="completions per step")
+    p.add_argument("--num-generations", type=int, default=8, help="G, completions per prompt (GRPO's groups)")
+    p.add_argument("--prompt-length", type=int, default=32)
+    p.add_argument("--completion-length", type=int, default=64)
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps measured (2: Adam's moments exist)")
+    p.add_argument("--beta", type=float, default=0.0, help="> 0 adds the reference policy (and its KL) everywhere")
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:  # one setup, in this fresh process
+        print(RESULT_MARKER + json.dumps(measure_setup(**json.loads(args.child))), flush=True)
+        return 0
+
+    from .models import resolve_device
+
+    device = resolve_device(args.device).type
+    shapes = args.shape or (["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b"] if device == "cuda" else ["tiny", "qwen2.5-0.5b-2l"])
+    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [s for s in setups if s not in SETUPS]
+    if unknown:
+        p.error(f"--setups: unknown {', '.join(unknown)} (known: {', '.join(SETUPS)})")
+    kwargs = dict(device=device, dtype=args.dtype, batch_size=args.batch_size, num_generations=args.num_generations,
+                  prompt_length=args.prompt_length, completion_length=args.completion_length, steps=args.steps,
+                  beta=args.beta, lora_r=args.lora_r)
+    import bitsandbytes
+    import peft
+    import transformers
+
+    gpu = f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""
+    print(f"device {device}{gpu}, dtype {args.dtype}, batch {args.batch_size} completions x ({args.prompt_length} "
+          f"prompt + {args.completion_length} completion tokens), G={args.num_generations}, beta={args.beta}, "
+          f"LoRA r={args.lora_r}, {args.steps} steps; torch {torch.__version__}, transformers "
+          f"{transformers.__version__}, peft {peft.__version__}, bitsandbytes {bitsandbytes.__version__}")
+    everything = []
+    for shape in shapes:
+        results = measure(shape, setups, **kwargs)
+        everything += results
+        print(f"\n{shape}")
+        print(format_table(results, device), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, **kwargs, "results": everything}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The rollout-engine contract (engines.py), checked on the HF-generate engine and on `rollout_from_ids`.
+
+vLLM itself is not installed here (it needs a CUDA GPU): only its missing-package message is tested.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from minigrpo.config import Config
+from minigrpo.engines import GenerateEngine, make_engine, rollout_from_ids
+from minigrpo.models import load_model_and_tokenizer
+from minigrpo.rollout import eos_token_ids, sample_completions
+
+PROMPTS = ["12+3=", "7+45=", "100+1="]
+
+
+def assert_rollout_contract(roll, prompts, tokenizer, eos_ids, num_generations, max_completion_length):
+    """What every engine's `generate` must return (see the engines.py docstring)."""
+    N = len(prompts) * num_generations
+    assert roll.prompt_ids.shape[0] == roll.completion_ids.shape[0] == N == len(roll.completions)
+    assert roll.completion_ids.shape == roll.completion_mask.shape
+    assert roll.completion_ids.shape[1] <= max_completion_length
+    # Prompts: left-padded, grouped (rows i*G .. i*G+G-1 are prompt i), decoding back to the prompt text.
+    assert (roll.prompt_mask[:, -1] == 1).all()
+    for i, prompt in enumerate(prompts):
+        for row in range(i * num_generations, (i + 1) * num_generations):
+            ids = roll.prompt_ids[row][roll.prompt_mask[row].bool()]
+            assert tokenizer.decode(ids, skip_special_tokens=True) == prompt
+    # Completions: mask is 1...1 0...0, ends on the first eos unless truncated, padding holds the pad id.
+    eos = torch.isin(roll.completion_ids, torch.tensor(eos_ids))
+    for row in range(N):
+        mask, ids = roll.completion_mask[row], roll.completion_ids[row]
+        n = int(mask.sum())
+        assert (mask[:n] == 1).all() and (mask[n:] == 0).all()
+        assert (ids[n:] == tokenizer.pad_token_id).all()
+        real_eos = eos[row, :n].nonzero().flatten().tolist()
+        if roll.is_truncated[row]:
+            assert real_eos == [] and n == max_completion_length
+        else:
+            assert real_eos == [n - 1]
+        assert roll.completions[row] == tokenizer.decode(ids[:n], skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(random_model_dir):
+    return load_model_and_tokenizer(random_model_dir)
+
+
+def test_generate_engine_keeps_the_contract(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    torch.manual_seed(0)
+    roll = GenerateEngine(model, tokenizer).generate(PROMPTS, num_generations=4, max_completion_length=6,
+                                                     temperature=1.0, top_p=1.0)
+    assert_rollout_contract(roll, PROMPTS, tokenizer, eos_token_ids(model, tokenizer), 4, 6)
+
+
+def test_generate_engine_is_sample_completions(model_and_tokenizer):
+    """The default engine changes nothing: same seed, same rollout as before engines existed."""
+    model, tokenizer = model_and_tokenizer
+    engine = make_engine(Config(), model, tokenizer)
+    assert isinstance(engine, GenerateEngine)
+    torch.manual_seed(3)
+    a = engine.generate(PROMPTS, num_generations=2, max_completion_length=5, temperature=0.7, top_p=0.9)
+    engine.sync_weights()  # nothing to copy: it samples from the live policy
+    torch.manual_seed(3)
+    b = sample_completions(model, tokenizer, PROMPTS, num_generations=2, max_completion_length=5, temperature=0.7,
+                           top_p=0.9)
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.completions == b.completions
+
+
+def test_rollout_from_ids_keeps_the_contract(model_and_tokenizer):
+    """The padding an id-list engine (vLLM) relies on: cut after the first eos, truncation, left/right padding."""
+    model, tokenizer = model_and_tokenizer
+    eos = eos_token_ids(model, tokenizer)
+    prompt_ids = tokenizer(PROMPTS[:2])["input_ids"]
+    digit = lambda c: tokenizer.convert_tokens_to_ids(c)  # noqa: E731
+    completion_ids = [
+        [digit("1"), digit("5"), eos[0]],  # ends on eos
+        [digit("3"), eos[0], digit("9"), digit("9")],  # junk after eos: cut
+        [digit("5")] * 4,  # no eos within 4: truncated
+        [eos[0]],  # empty answer, just eos
+    ]
+    roll = rollout_from_ids(prompt_ids, completion_ids, tokenizer, eos, num_generations=2, max_completion_length=4)
+    assert_rollout_contract(roll, PROMPTS[:2], tokenizer, eos, 2, 4)
+    assert roll.completion_mask.sum(1).tolist() == [3, 2, 4, 1]
+    assert roll.is_truncated.tolist() == [False, False, True, False]
+    assert roll.completions[0] == "15"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_use_vllm_without_vllm_says_what_to_do(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    with pytest.raises(ImportError, match=r"use_vllm: vLLM is not installed.*minigrpo\[vllm\]"):
+        make_engine(Config(use_vllm=True), model, tokenizer)

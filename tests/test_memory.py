@@ -1,0 +1,60 @@
+"""`minigrpo memory`: the Qwen2.5 shapes are the real sizes, the ratio is computed right, the command runs."""
+
+import json
+
+import pytest
+import torch
+
+from minigrpo.cli import main
+from minigrpo.memory import SETUPS, format_table, grpo_ppo_ratio, measure_setup, qwen_config, shape_dir
+
+
+@pytest.mark.parametrize("shape, params", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304)])
+def test_qwen_shapes_have_the_published_parameter_counts(shape, params):
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):  # shapes only, no memory
+        model = AutoModelForCausalLM.from_config(qwen_config(shape))
+    assert sum(p.numel() for p in model.parameters()) == params
+
+
+def test_ratio_uses_memory_above_the_baseline_on_cpu_and_the_peak_on_cuda():
+    mib = 2**20
+    results = [
+        {"setup": "grpo-full", "trainable_params": 10, "total_params": 10, "peak_bytes": 460 * mib,
+         "baseline_bytes": 400 * mib, "seconds": 1.0},
+        {"setup": "ppo-critic", "trainable_params": 20, "total_params": 20, "peak_bytes": 500 * mib,
+         "baseline_bytes": 400 * mib, "seconds": 2.0},
+    ]
+    assert grpo_ppo_ratio(results, "cpu") == pytest.approx(0.6)
+    assert grpo_ppo_ratio(results, "cuda") == pytest.approx(460 / 500)
+    assert "GRPO/PPO memory ratio: 0.60" in format_table(results, "cpu")
+    assert grpo_ppo_ratio(results[:1], "cpu") is None
+
+
+TINY_STEP = dict(device="cpu", batch_size=4, num_generations=2, prompt_length=8, completion_length=8, lora_r=4)
+
+
+def test_memory_command_runs_each_setup_in_its_own_process_and_prints_the_ratio(tmp_path, capsys):
+    """The command end to end on the tiny model; two setups keep it quick (each process imports torch anew)."""
+    out = tmp_path / "memory.json"
+    args = ["memory", "--shape", "tiny", "--setups", "grpo-full,ppo-critic", "--device", "cpu", "--batch-size", "4",
+            "--num-generations", "2", "--prompt-length", "8", "--completion-length", "8", "--json", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert SETUPS["grpo-full"] in printed and SETUPS["ppo-critic"] in printed
+    assert "GRPO/PPO memory ratio: " in printed
+    results = {r["setup"]: r for r in json.loads(out.read_text())["results"]}
+    assert all(r["peak_bytes"] >= r["baseline_bytes"] > 0 for r in results.values())
+    full, ppo = results["grpo-full"], results["ppo-critic"]
+    assert full["trainable_params"] == full["total_params"]
+    assert ppo["total_params"] > 1.9 * full["total_params"]  # a critic the size of the policy
+
+
+@pytest.mark.parametrize("setup", ["grpo-lora", "grpo-qlora"])
+def test_lora_setups_train_only_the_adapter(setup):
+    model_dir = str(shape_dir("tiny", "unused"))
+    full = measure_setup("grpo-full", model_dir, **TINY_STEP)
+    result = measure_setup(setup, model_dir, **TINY_STEP)
+    assert result["total_params"] > full["total_params"]  # base + adapter
+    assert 0 < result["trainable_params"] < full["total_params"] / 5
