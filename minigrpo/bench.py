@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from .config import Config
+from .engines import GenerateEngine
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .objectives import policy_loss
@@ -169,7 +170,7 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
     num_iterations = steps_per_generation = 1 and beta = 0 (so no old or reference log-probs are computed)."""
     clock = Clock().start()
     batch = collect_batch(model, tokenizer, task, cfg, _InOrder(rows), reward_funcs, [1.0] * len(reward_funcs),
-                          cfg.max_completion_length, None, tokenizer.pad_token_id)
+                          cfg.max_completion_length, None, tokenizer.pad_token_id, GenerateEngine(model, tokenizer))
     _sync(device)
     rollout = clock.stop()
     ids = [batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]

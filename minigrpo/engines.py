@@ -11,7 +11,7 @@ An engine has two methods, and the trainer calls nothing else:
         called after the optimizer steps of each batch, before the next `generate`: an engine that holds its
         own copy of the weights (vLLM) must make it equal to the policy's (for LoRA: base + merged adapter).
 
-`GenerateEngine` is HF `model.generate` on the live policy (`rollout.sample_completions`): the default, the
+`GenerateEngine` is the decode loop of rollout.py on the live policy (`rollout.sample_completions`): the default, the
 one tested, and already in sync. `rollout_vllm.VLLMEngine` is the fast one, for a CUDA GPU with vLLM installed.
 `rollout_from_ids` builds a contract-abiding Rollout from plain lists of token ids, for engines like vLLM that
 return lists rather than padded tensors.
@@ -34,7 +34,7 @@ class RolloutEngine(Protocol):
 
 
 class GenerateEngine:
-    """Samples with the policy's own `generate`: it *is* the policy, so sync_weights has nothing to do."""
+    """Samples with the policy itself (rollout.sample_completions): it *is* the policy, so sync_weights has nothing to do."""
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
@@ -48,7 +48,7 @@ class GenerateEngine:
 
 
 def make_engine(cfg, model, tokenizer) -> RolloutEngine:
-    """The engine the config asks for: vLLM with `use_vllm`, else the model's own generate."""
+    """The engine the config asks for: vLLM with `use_vllm`, else the policy's own decode loop."""
     if cfg.use_vllm:
         from .rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
 

@@ -180,6 +180,7 @@ class AdapterDisabled:
 
     def __init__(self, peft_model):
         self.peft_model = peft_model
+        self.config = peft_model.config  # read by callers that build a KV cache for it (logprobs.py)
 
     def __call__(self, *args, **kwargs):
         with self.peft_model.disable_adapter():

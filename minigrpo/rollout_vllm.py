@@ -38,7 +38,7 @@ def import_vllm():
     except ImportError as exc:
         raise ImportError(
             f"use_vllm: vLLM is not installed. It needs Linux and a CUDA GPU: pip install 'minigrpo[vllm]' "
-            f"(vllm{VLLM_VERSIONS}). Without it, leave use_vllm off: the policy's own generate samples instead."
+            f"(vllm{VLLM_VERSIONS}). Without it, leave use_vllm off: the policy's own decode loop samples instead."
         ) from exc
     return vllm
 
