@@ -23,7 +23,8 @@ import torch
 
 __all__ = [
     "load_metrics", "load_summary", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
-    "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs", "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
+    "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs",
+    "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
     "plot_surrogate", "plot_kl_samples", "plot_token_ratios",
 ]
 
@@ -165,7 +166,7 @@ COMPARISON_PANELS = (  # (metric, y label, title) of plot_run_comparison, row by
     ("completion_length_correct_mean", "tokens (eos included)", "completion length: right answers"),
     ("completion_length_incorrect_mean", "tokens (eos included)", "completion length: wrong answers"),
     ("entropy", "nats / token", "policy entropy"),
-    ("clip_ratio/region_mean", "fraction clipped", "clip_ratio/region_mean"),
+    ("clip_ratio/region_mean", "fraction clipped (symlog)", "clip_ratio/region_mean"),
     ("approx_kl", "nats / token", "approx_kl (old -> new policy)"),
 )
 
@@ -176,7 +177,8 @@ def plot_run_comparison(runs: dict[str, list[dict]], start: dict[str, float] | N
     right and wrong answers; entropy, clip ratio, approx KL. One colour per run, one legend for the figure.
 
     start: {label: greedy accuracy before training} (summary.json's accuracy_before) so accuracy curves start at
-    step 0. Returns the figure. The length panels share a y range, so right and wrong answers compare by eye.
+    step 0. Returns the figure. The length panels share a y range, so right and wrong answers compare by eye; the
+    clip-ratio panel is linear below 0.1% and logarithmic above, so 0.1% and 30% both read.
     """
     fig, axes = plt.subplots(3, 3, figsize=(15, 11))
     for ax, (key, ylabel, panel_title) in zip(axes.flat, COMPARISON_PANELS):
@@ -185,6 +187,8 @@ def plot_run_comparison(runs: dict[str, list[dict]], start: dict[str, float] | N
                    style="o-" if is_eval else style, start=start if is_eval else None)
         if ax.get_legend() is not None:
             ax.get_legend().remove()
+        if key.startswith("clip_ratio/"):  # 0.1% and 30% on one axis: linear below 1e-3, logarithmic above
+            ax.set_yscale("symlog", linthresh=1e-3)
     low = min(ax.get_ylim()[0] for ax in axes[1])
     high = max(ax.get_ylim()[1] for ax in axes[1])
     for ax in axes[1]:
@@ -198,7 +202,8 @@ def plot_run_comparison(runs: dict[str, list[dict]], start: dict[str, float] | N
     return fig
 
 
-def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int = 10, ax=None, title: str | None = None):
+def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int = 10, ax=None,
+                      title: str | None = None):
     """Change in mean completion length between the first `first` and the last `last` logged steps of each run,
     for all samples, right answers and wrong answers: one group of three bars per run.
 
@@ -209,6 +214,7 @@ def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int 
     parts = (("completion_length_mean", "all"), ("completion_length_correct_mean", "right answers"),
              ("completion_length_incorrect_mean", "wrong answers"))
     width = 0.8 / len(parts)
+    colors = ("0.6", "#2a9d8f", "#e76f51")  # not the runs' colours C0.., which the bars are not
     for j, (key, part) in enumerate(parts):
         drifts = []
         for metrics in runs.values():
@@ -216,7 +222,7 @@ def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int 
             head, tail = values[:first], values[-last:]
             drifts.append(sum(tail) / len(tail) - sum(head) / len(head) if head and tail else math.nan)
         xs = [i + (j - (len(parts) - 1) / 2) * width for i in range(len(runs))]
-        ax.bar(xs, drifts, width, color=f"C{j}", label=part)
+        ax.bar(xs, drifts, width, color=colors[j], label=part)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(list(runs))

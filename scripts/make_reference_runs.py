@@ -3,14 +3,15 @@ notebook 04's six variants (GRPO, Dr. GRPO, DAPO, GSPO, GMPO, RLOO).
 
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py                  # notebook 03: all three, a few minutes
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --only sft       # one of them (sft reads grpo's wall time)
-    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04    # the six variants, ~20 min on a busy CPU
+    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04    # the six variants, 40 steps each
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04 --only gspo gmpo
 
 The shipped runs were made with OMP_NUM_THREADS=1 on a 2-core CPU shared with other jobs: one torch thread per
-process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py).
+process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py). Notebook 04's
+six were made as two processes side by side (`--only grpo dr_grpo dapo` and `--only gspo gmpo rloo`), 20 minutes.
 
 Each run is trained from the shipped think_addition warm start with the settings below (notebook 03: the same
-as its full lesson; notebook 04: the live runs of its full lesson are the first half of these), then its small
+as its full lesson; notebook 04: its full lesson's live runs are the first 10 of these 40 steps), then its small
 files are copied to data/reference_runs/<name>/ (notebook 04: data/reference_runs/variants/<name>/):
 
     metrics.jsonl    one line per step (advantages included: 128 numbers per step, for the histograms)
