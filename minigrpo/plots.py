@@ -2,8 +2,9 @@
 always draw the same picture.
 
 Training runs (read from metrics.jsonl / summary.json): `plot_curve`, `plot_completion_lengths`,
-`plot_advantage_histogram`, `plot_run_overview` (one run on one figure), `plot_before_after`, `plot_runs` (the CLI's standard figures). They take
-{label: metrics} and draw every run on shared axes, one line per run.
+`plot_advantage_histogram`, `plot_run_overview` (one run on one figure), `plot_run_comparison` (several runs on one
+figure, e.g. the variants of notebook 04), `plot_length_drift`, `plot_before_after`, `plot_runs` (the CLI's standard
+figures). They take {label: metrics} and draw every run on shared axes, one line per run.
 
 The math (notebooks 01 and 02): `plot_advantage_vs_num_correct`, `plot_histograms`, `plot_token_heatmap`,
 `plot_surrogate`, `plot_kl_samples`, `plot_token_ratios`. They draw numbers computed by the package's own
@@ -22,7 +23,8 @@ import torch
 
 __all__ = [
     "load_metrics", "load_summary", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
-    "plot_run_overview", "plot_before_after", "plot_runs", "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
+    "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs",
+    "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
     "plot_surrogate", "plot_kl_samples", "plot_token_ratios",
 ]
 
@@ -154,6 +156,81 @@ def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+COMPARISON_PANELS = (  # (metric, y label, title) of plot_run_comparison, row by row
+    ("eval/accuracy_greedy", "greedy accuracy", "held-out greedy accuracy"),
+    ("reward", "mean reward (= sample accuracy)", "reward of the training samples"),
+    ("frac_reward_zero_std", "fraction of groups", "frac_reward_zero_std (no signal)"),
+    ("completion_length_mean", "tokens (eos included)", "completion length: all samples"),
+    ("completion_length_correct_mean", "tokens (eos included)", "completion length: right answers"),
+    ("completion_length_incorrect_mean", "tokens (eos included)", "completion length: wrong answers"),
+    ("entropy", "nats / token", "policy entropy"),
+    ("clip_ratio/region_mean", "fraction clipped (symlog)", "clip_ratio/region_mean"),
+    ("approx_kl", "nats / token", "approx_kl (old -> new policy)"),
+)
+
+
+def plot_run_comparison(runs: dict[str, list[dict]], start: dict[str, float] | None = None, *, title: str = "",
+                        window: int = 3, style: str = "-"):
+    """Several runs on one 3 x 3 grid of shared axes: accuracy, reward, zero-std groups; completion length of all,
+    right and wrong answers; entropy, clip ratio, approx KL. One colour per run, one legend for the figure.
+
+    start: {label: greedy accuracy before training} (summary.json's accuracy_before) so accuracy curves start at
+    step 0. Returns the figure. The length panels share a y range, so right and wrong answers compare by eye; the
+    clip-ratio panel is linear below 0.1% and logarithmic above, so 0.1% and 30% both read.
+    """
+    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    for ax, (key, ylabel, panel_title) in zip(axes.flat, COMPARISON_PANELS):
+        is_eval = key.startswith("eval/")
+        plot_curve(runs, key, ax=ax, ylabel=ylabel, title=panel_title, window=1 if is_eval else window,
+                   style="o-" if is_eval else style, start=start if is_eval else None)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+        if key.startswith("clip_ratio/"):  # 0.1% and 30% on one axis: linear below 1e-3, logarithmic above
+            ax.set_yscale("symlog", linthresh=1e-3)
+    low = min(ax.get_ylim()[0] for ax in axes[1])
+    high = max(ax.get_ylim()[1] for ax in axes[1])
+    for ax in axes[1]:
+        ax.set_ylim(low, high)
+    handles, labels = axes[0, 1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=10, frameon=False,
+               bbox_to_anchor=(0.5, 0.965))
+    fig.suptitle(title + (f"  (curves: moving average over {window} steps; accuracy: raw)" if window > 1 else ""),
+                 fontsize=13)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return fig
+
+
+def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int = 10, ax=None,
+                      title: str | None = None):
+    """Change in mean completion length between the first `first` and the last `last` logged steps of each run,
+    for all samples, right answers and wrong answers: one group of three bars per run.
+
+    The length-bias claim (Dr. GRPO) is about the wrong answers: under GRPO's 1/|o_i| a long wrong answer is
+    penalised less per token, so wrong answers may drift longer.
+    """
+    ax = ax or plt.subplots(figsize=(9, 3.8))[1]
+    parts = (("completion_length_mean", "all"), ("completion_length_correct_mean", "right answers"),
+             ("completion_length_incorrect_mean", "wrong answers"))
+    width = 0.8 / len(parts)
+    colors = ("0.6", "#2a9d8f", "#e76f51")  # not the runs' colours C0.., which the bars are not
+    for j, (key, part) in enumerate(parts):
+        drifts = []
+        for metrics in runs.values():
+            values = [m[key] for m in metrics if m.get(key) is not None]
+            head, tail = values[:first], values[-last:]
+            drifts.append(sum(tail) / len(tail) - sum(head) / len(head) if head and tail else math.nan)
+        xs = [i + (j - (len(parts) - 1) / 2) * width for i in range(len(runs))]
+        ax.bar(xs, drifts, width, color=colors[j], label=part)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(range(len(runs)))
+    ax.set_xticklabels(list(runs))
+    ax.set_ylabel("change in tokens per completion")
+    ax.set_title(title or f"length drift: mean of the last {last} steps minus mean of the first {first}")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return ax
 
 
 def plot_before_after(run_dirs: list[str | Path], ax) -> None:

@@ -1,13 +1,18 @@
-"""Rebuild the reference runs that notebook 03 plots: GRPO, the random-reward control and the SFT control.
+"""Rebuild the reference runs that the notebooks plot: notebook 03's GRPO, random-reward and SFT runs, and
+notebook 04's six variants (GRPO, Dr. GRPO, DAPO, GSPO, GMPO, RLOO).
 
-    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py              # all three, a few minutes
-    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --only sft   # one of them (sft reads grpo's wall time)
+    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py                  # notebook 03: all three, a few minutes
+    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --only sft       # one of them (sft reads grpo's wall time)
+    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04    # the six variants, 40 steps each
+    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04 --only gspo gmpo
 
 The shipped runs were made with OMP_NUM_THREADS=1 on a 2-core CPU shared with other jobs: one torch thread per
-process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py).
+process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py). Notebook 04's
+six were made as two processes side by side (`--only grpo dr_grpo dapo` and `--only gspo gmpo rloo`), 20 minutes.
 
-Each run is trained from the shipped think_addition warm start with the settings below (the same as the full
-lesson of notebooks/03_train_grpo.ipynb), then its small files are copied to data/reference_runs/<name>/:
+Each run is trained from the shipped think_addition warm start with the settings below (notebook 03: the same
+as its full lesson; notebook 04: its full lesson's live runs are the first 10 of these 40 steps), then its small
+files are copied to data/reference_runs/<name>/ (notebook 04: data/reference_runs/variants/<name>/):
 
     metrics.jsonl    one line per step (advantages included: 128 numbers per step, for the histograms)
     summary.json     greedy accuracy before / after on the first 200 test problems, wall time, ...
@@ -43,14 +48,32 @@ RANDOM = dict(GRPO, max_steps=20, reward_funcs=["random"])
 SFT = dict(task="think_addition", learning_rate=3e-4, warmup_steps=10, batch_size=128, eval_steps=5,
            eval_num_problems=200, eval_limit=200, seed=0)
 
+# Notebook 04: the variants side by side, same seed, same 40 steps, same evaluation (first 200 test problems, every
+# 10 steps). Every run splits each batch of 128 completions into 2 mini-batches (steps_per_generation=2, two optimizer
+# steps per batch): the second mini-batch is off-policy, so ratios differ from 1 and clipping can fire. With one
+# mini-batch the ratio is exactly 1 and GRPO, GSPO and GMPO would differ only through their aggregation.
+VARIANT_BASE = dict(task="think_addition", max_steps=40, steps_per_generation=2, eval_steps=10,
+                    eval_num_problems=200, eval_limit=200, eval_num_samples=0, save_model=False, seed=0)
+VARIANTS = {
+    "grpo": dict(loss_type="grpo"),
+    "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none"),
+    # DAPO without its overlong reward: with L_max = 48 and L_cache = L_max / 4 = 12 it would penalise correct
+    # scratchpads of 37-41 tokens (7% of the test problems); truncated completions are masked instead.
+    "dapo": dict(loss_type="dapo", epsilon_high=0.28, dynamic_sampling=True, mask_truncated_completions=True),
+    # TRL's GSPO recipe (paper_index.md): sequence-level ratio, loss_type="grpo", beta=0, epsilon 3e-4 / 4e-4.
+    "gspo": dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
+    "gmpo": dict(loss_type="gmpo"),  # log-space clip gmpo_epsilon = 0.4 (the paper's)
+    "rloo": dict(loss_type="grpo", advantage_estimator="rloo"),
+}
+NOTEBOOK_RUNS = {"03": ["grpo", "random_reward", "sft"], "04": list(VARIANTS)}
+
 
 def think_completion(row, rng):
     """The reference completion with its scratchpad: what GRPO ends up writing, given to SFT to imitate."""
     return get_task("think_addition").target_completion(row, rng, think=True)
 
 
-def keep_small_files(run_dir: Path, name: str) -> Path:
-    target = REFERENCE_DIR / name
+def keep_small_files(run_dir: Path, target: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     for filename in KEEP:
@@ -59,22 +82,35 @@ def keep_small_files(run_dir: Path, name: str) -> Path:
     return target
 
 
+def variant_config(name: str, run_dir: Path, **overrides) -> Config:
+    """Notebook 04's run `name`: the shared settings plus the variant's own, as a Config."""
+    return Config(output_dir=str(run_dir), **{**VARIANT_BASE, **VARIANTS[name], **overrides})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["grpo", "random_reward", "sft"], nargs="+",
-                        default=["grpo", "random_reward", "sft"])
+    parser.add_argument("--notebook", choices=list(NOTEBOOK_RUNS), default="03", help="whose runs to make")
+    parser.add_argument("--only", nargs="+", help="some of that notebook's runs (default: all of them)")
     args = parser.parse_args()
+    names = args.only or NOTEBOOK_RUNS[args.notebook]
+    unknown = [n for n in names if n not in NOTEBOOK_RUNS[args.notebook]]
+    if unknown:
+        parser.error(f"--only: {unknown} not among notebook {args.notebook}'s runs {NOTEBOOK_RUNS[args.notebook]}")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.only:
+        for name in names:
             run_dir = Path(tmp) / name
-            if name == "sft":
+            target = REFERENCE_DIR / name
+            if args.notebook == "04":
+                summary = train(variant_config(name, run_dir), progress=False)
+                target = REFERENCE_DIR / "variants" / name
+            elif name == "sft":
                 grpo_seconds = json.loads((REFERENCE_DIR / "grpo" / "summary.json").read_text())["wall_seconds"]
                 summary = train_sft(output_dir=run_dir, target_completion=think_completion, max_steps=10_000,
                                     max_seconds=grpo_seconds, progress=False, **SFT)
             else:
                 settings = GRPO if name == "grpo" else RANDOM
                 summary = train(Config(output_dir=str(run_dir), **settings), progress=False)
-            target = keep_small_files(run_dir, name)
+            target = keep_small_files(run_dir, target)
             print(f"{name}: greedy accuracy {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%} "
                   f"in {summary['steps']} steps, {summary['wall_seconds']:.0f} s of training -> {target}", flush=True)
 

@@ -91,3 +91,22 @@ def test_kl_and_ratio_plots_draw_one_line_per_estimator():
     assert len(axes[1].get_lines()) == 3  # two running means and the exact value
     ax = plot_token_ratios(torch.tensor([1.0, 1.5]), {"mean": 1.25}, clip_range=(0.8, 1.2))
     assert len(ax.patches) == 3  # two bars and the clip band
+
+
+def test_run_comparison_draws_every_run_on_nine_shared_panels_with_one_legend():
+    from minigrpo.plots import plot_run_comparison
+
+    fig = plot_run_comparison({"a": METRICS, "b": METRICS}, start={"a": 0.3, "b": 0.3}, title="toy", window=1)
+    assert len(fig.axes) == 9 and all(ax.get_title() for ax in fig.axes)
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    accuracy = fig.axes[0].get_lines()
+    assert [list(line.get_xdata()) for line in accuracy] == [[0, 2, 3]] * 2  # starts at step 0
+    assert len({ax.get_ylim() for ax in fig.axes[3:6]}) == 1  # the three length panels share their y range
+
+
+def test_length_drift_is_last_minus_first_for_all_right_and_wrong():
+    from minigrpo.plots import plot_length_drift
+
+    ax = plot_length_drift({"run": METRICS}, first=1, last=1)
+    heights = [patch.get_height() for patch in ax.patches]
+    assert heights == [15.0 - 10.0, 19.0 - 20.0, 6.0 - 5.0]  # all, right answers, wrong answers (None skipped)
