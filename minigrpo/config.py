@@ -76,7 +76,7 @@ class Config:
     adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
     # --- logging and evaluation ---
-    eval_steps: int = 50  # greedy held-out accuracy every N steps (0 = only before and after)
+    eval_steps: int = 10  # greedy held-out accuracy every N steps (0 = only before and after)
     eval_num_problems: int = 200  # problems for the in-training eval (before/after use the whole split)
     eval_num_samples: int = 8  # samples per problem for the sampled accuracy / pass@k at the end
     eval_limit: int | None = None  # minigrpo: evaluate before/after on the first N test problems (None = all)

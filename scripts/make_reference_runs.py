@@ -9,6 +9,8 @@ notebook 04's six variants (GRPO, Dr. GRPO, DAPO, GSPO, GMPO, RLOO).
 The shipped runs were made with OMP_NUM_THREADS=1 on a 2-core CPU shared with other jobs: one torch thread per
 process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py). Notebook 04's
 six were made as two processes side by side (`--only grpo dr_grpo dapo` and `--only gspo gmpo rloo`), 20 minutes.
+Notebook 04's shipped runs date from commit ba4cc0e, when rollouts used HF `generate`; notebook 03's were
+remade with rollout.py's decode loop (same distribution, different random draws).
 
 Each run is trained from the shipped think_addition warm start with the settings below (notebook 03: the same
 as its full lesson; notebook 04: its full lesson's live runs are the first 10 of these 40 steps), then its small
