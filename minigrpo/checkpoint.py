@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "truncate_metrics", "CheckpointError",
+__all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "truncate_metrics", "CheckpointError",
            "RESUMABLE_CHANGES"]
 
 CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
@@ -81,24 +81,34 @@ def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def process_state(sampler, reward_funcs) -> dict:
+    """What one process carries that another may not: its RNGs (each process samples its own completions),
+    the prompt sampler's position, and the RNGs of reward functions that have one (the `random` control)."""
+    return {
+        "rng": rng_states(),
+        "sampler": sampler.state_dict(),
+        "reward_rngs": [f.rng.getstate() if hasattr(f, "rng") else None for f in reward_funcs],
+    }
+
+
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer, scheduler, sampler, reward_funcs,
-                    config: dict, progress: dict, keep: int | None = None) -> Path:
+                    config: dict, progress: dict, keep: int | None = None,
+                    process_states: list[dict] | None = None) -> Path:
     """Write ckpt_dir/step-{step}.pt atomically, then delete all but the newest `keep` checkpoints (None: keep all).
 
     progress: what the loop carries from step to step besides the RNGs (e.g. accumulated wall time, the
     evaluation made before training), restored verbatim by `load_checkpoint`.
+    process_states: with several processes, `process_state(...)` of every rank, gathered by rank 0 (which
+    alone writes); None = this process's only.
     """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
-        "model": trainable_state(model),
+        "model": trainable_state(model),  # the same on every rank: gradients are averaged before each step
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "rng": rng_states(),
-        "sampler": sampler.state_dict(),
-        # Reward functions with their own random.Random (the `random` control) continue their stream too.
-        "reward_rngs": [f.rng.getstate() if hasattr(f, "rng") else None for f in reward_funcs],
+        "processes": process_states or [process_state(sampler, reward_funcs)],
         "config": config,
         "progress": progress,
     }
@@ -123,11 +133,12 @@ def latest_checkpoint(run_or_checkpoint: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sampler, reward_funcs,
-                    config: dict) -> tuple[int, dict]:
+                    config: dict, rank: int = 0, world_size: int = 1) -> tuple[int, dict]:
     """Restore everything `save_checkpoint` wrote into the given objects; returns (step, progress).
+    rank, world_size: this process's place in a multi-process run (it takes its own RNGs and sampler).
 
     Raises CheckpointError if the checkpoint was written with a config that differs in a key outside
-    RESUMABLE_CHANGES, or for weights this model does not have.
+    RESUMABLE_CHANGES, by another number of processes, or for weights this model does not have.
     """
     path = Path(path)
     try:
@@ -143,14 +154,18 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sam
     if state["model"].keys() != expected:
         raise CheckpointError(f"resume_from_checkpoint: {path} holds weights for another model "
                               f"({len(state['model'])} trainable tensors, this model has {len(expected)})")
+    if len(state["processes"]) != world_size:
+        raise CheckpointError(f"resume_from_checkpoint: {path} was written by a run of {len(state['processes'])} "
+                              f"process(es); resume it with as many (this run has {world_size})")
     model.load_state_dict(state["model"], strict=False)  # strict=False: frozen weights are not in the file
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    sampler.load_state_dict(state["sampler"])
-    for func, rng_state in zip(reward_funcs, state["reward_rngs"]):
+    mine = state["processes"][rank]
+    sampler.load_state_dict(mine["sampler"])
+    for func, rng_state in zip(reward_funcs, mine["reward_rngs"]):
         if rng_state is not None and hasattr(func, "rng"):
             func.rng.setstate(rng_state)
-    set_rng_states(state["rng"])
+    set_rng_states(mine["rng"])
     return state["step"], state["progress"]
 
 

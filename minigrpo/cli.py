@@ -16,6 +16,7 @@ Every Config field is a flag, with dashes or underscores: --num-generations 8 ==
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from .checkpoint import CheckpointError
@@ -53,6 +54,8 @@ def cmd_train(argv: list[str]) -> int:
     from .trainer import train
 
     s = train(cfg)
+    if os.environ.get("RANK", "0") != "0":  # several processes: rank 0 reports for all
+        return 0
     sampled = ""
     if s["accuracy_before_sampled"] is not None:
         sampled = f", sampled {s['accuracy_before_sampled']:.1%} -> {s['accuracy_after_sampled']:.1%}"

@@ -9,9 +9,10 @@
         save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
 
 What this loop simplifies, on purpose:
-  * One process, one device; generation with the policy itself (rollout.py's decode loop, via engines.py), or
-    with a colocated vLLM engine (`use_vllm`, rollout_vllm.py, untested here) whose weights are synced after
-    each batch's updates.
+  * One device per process; several processes (`accelerate launch` / `torchrun`) split each batch by whole
+    groups and average their gradients (distributed.py).
+  * Generation with the policy itself (rollout.py's decode loop, via engines.py), or with a colocated vLLM
+    engine (`use_vllm`, rollout_vllm.py, untested here) whose weights are synced after each batch's updates.
   * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
     when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
@@ -30,8 +31,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from . import distributed
 from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
+from .checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, process_state, save_checkpoint,
+                         truncate_metrics)
 from .config import Config, ConfigError
 from .engines import make_engine
 from .evaluate import evaluate
@@ -64,19 +67,25 @@ def build_reward_funcs(names: list[str], task: Task, max_completion_length: int,
 
 
 class PromptSampler:
-    """Endless shuffled passes over the training rows, deterministic in the seed."""
+    """Endless shuffled passes over the training rows, deterministic in the seed.
 
-    def __init__(self, rows: list[dict], seed: int):
+    With several processes, every rank draws the same global stream (same seed) and keeps its own contiguous
+    share: take(n) on rank r of W draws n * W rows and returns rows [r n, (r+1) n). So a W-process run trains
+    on the prompts a one-process run would, in the same order.
+    """
+
+    def __init__(self, rows: list[dict], seed: int, rank: int = 0, world_size: int = 1):
         self.rows, self.rng, self.order = rows, random.Random(seed), []
+        self.rank, self.world_size = rank, world_size
 
     def take(self, n: int) -> list[dict]:
         batch = []
-        while len(batch) < n:
+        while len(batch) < n * self.world_size:
             if not self.order:
                 self.order = list(range(len(self.rows)))
                 self.rng.shuffle(self.order)
             batch.append(self.rows[self.order.pop()])
-        return batch
+        return batch[self.rank * n:(self.rank + 1) * n]
 
     def state_dict(self) -> dict:
         """Where the sampler is: its RNG and what is left of the current pass (saved in checkpoints)."""
@@ -98,7 +107,7 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     """Sample, score and compute advantages for one batch. With dynamic_sampling (DAPO), groups whose rewards
     are all equal are dropped and more prompts are sampled until the batch is full (or rounds run out)."""
     G = cfg.num_generations
-    num_prompts = cfg.generation_batch_size // G
+    num_prompts = cfg.generation_batch_size // G // distributed.world_size()  # this process's share of the prompts
     kept, seen_zero_std, rounds = [], [], 0
     while sum(len(part["rows"]) for part in kept) < num_prompts * G and rounds < cfg.max_dynamic_sampling_rounds:
         rounds += 1
@@ -118,11 +127,16 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
                 logp, _ = completion_logprobs(model, *args, temperature=cfg.temperature)
                 ref_logp, _ = completion_logprobs(ref_model, *args, temperature=cfg.temperature)
             rewards = kl_penalized_rewards(rewards, logp.cpu(), ref_logp.cpu(), roll.completion_mask.cpu(), cfg.beta)
+        # Advantages need the rewards of the group (always on this rank) or, for scale_rewards="batch", of the
+        # whole batch: with several processes, gather every rank's rewards, then keep this rank's share.
+        batch_rewards = torch.cat(distributed.gather_objects(rewards))  # (N * W,) in rank order
         if cfg.advantage_estimator == "rloo":
-            adv = rloo_advantages(rewards, G)
-            _, zero_std = group_advantages(rewards, G)
+            adv = rloo_advantages(batch_rewards, G)
+            _, zero_std = group_advantages(batch_rewards, G)
         else:
-            adv, zero_std = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
+            adv, zero_std = group_advantages(batch_rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
+        share = slice(distributed.rank() * len(rewards), (distributed.rank() + 1) * len(rewards))
+        adv, zero_std = adv[share], zero_std[share]
         seen_zero_std.append(zero_std)
         keep = ~zero_std if cfg.dynamic_sampling else torch.ones_like(zero_std)
         last_round = rounds == cfg.max_dynamic_sampling_rounds
@@ -150,7 +164,8 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     for key in ("adv", "rewards", "rewards_per_func", "zero_std"):
         batch[key] = torch.cat(take(lambda p: p[key]))[:n]
     # Logged zero-std fraction is of what was *sampled*, so dynamic sampling does not hide it.
-    batch["frac_reward_zero_std"] = torch.cat(seen_zero_std).float().mean().item()
+    batch["zero_std_sampled"] = torch.cat(seen_zero_std)  # (completions sampled,) True where the group's std is 0
+    batch["frac_reward_zero_std"] = batch["zero_std_sampled"].float().mean().item()
     batch["sampling_rounds"] = rounds
     return batch
 
@@ -170,8 +185,10 @@ def start_or_resume(cfg: Config, out: Path, **training_objects) -> tuple[int, di
     back to its step. A fresh run refuses a directory that holds another run's checkpoints."""
     if cfg.resume_from_checkpoint:
         ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
-        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict())
-        truncate_metrics(ckpt.parent.parent / "metrics.jsonl", start_step, copy_to=out / "metrics.jsonl")
+        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
+                                                rank=distributed.rank(), world_size=distributed.world_size())
+        if distributed.is_main():
+            truncate_metrics(ckpt.parent.parent / "metrics.jsonl", start_step, copy_to=out / "metrics.jsonl")
         return start_step, run_state
     if any((out / "checkpoints").glob("step-*.pt")):
         raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
@@ -183,12 +200,23 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, summary.json, plots/}.
 
     reward_funcs: your own reward functions (TRL's signature, see rewards.py); they replace cfg.reward_funcs.
+    Under `accelerate launch` / `torchrun` with W processes, each one trains on 1/W of every batch
+    (distributed.py); rank 0 alone evaluates and writes, and every rank returns the summary.
     """
-    torch.manual_seed(cfg.seed)
+    device = distributed.setup(resolve_device(cfg.device))  # joins the process group when launched W > 1 times
+    W, rank, main = distributed.world_size(), distributed.rank(), distributed.is_main()
+    if (cfg.generation_batch_size // cfg.num_generations) % W:
+        raise ConfigError(f"generation_batch_size: {cfg.generation_batch_size // cfg.num_generations} prompts per "
+                          f"step cannot be split into whole groups over {W} processes")
+    if cfg.dynamic_sampling and W > 1:
+        raise ConfigError("dynamic_sampling: not supported with several processes (each would refill its share "
+                          "to a different size); run it in one process")
+    torch.manual_seed(cfg.seed)  # the same on every rank: identical starting weights (and LoRA initialisation)
     random.seed(cfg.seed)
-    device = resolve_device(cfg.device)
     task = get_task(cfg.task)
     model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full, LoRA or QLoRA
+    if W > 1:
+        torch.manual_seed(cfg.seed + rank)  # ... but each rank samples its own completions
     max_len = cfg.max_completion_length or task.max_completion_length
     if reward_funcs is None:
         reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
@@ -215,23 +243,23 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
-    sampler = PromptSampler(train_rows, cfg.seed)
+    sampler = PromptSampler(train_rows, cfg.seed, rank, W)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
                                             sampler=sampler, reward_funcs=reward_funcs)
-    run_config = {**cfg.to_dict(), "resume_from_checkpoint": None}  # resuming is an action, not a setting of the run
-    (out / "config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
-    metrics_file = open(out / "metrics.jsonl", "a" if start_step else "w")
+    if main:  # one process writes the run directory
+        run_config = {**cfg.to_dict(), "resume_from_checkpoint": None}  # resuming is an action, not a setting
+        (out / "config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
+        metrics_file = open(out / "metrics.jsonl", "a" if start_step else "w")
     eval_rows = test_rows[: cfg.eval_num_problems]
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
 
-    if run_state["before"] is None:
+    if main and run_state["before"] is None:
         run_state["before"] = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples,
                                        temperature=cfg.temperature)
-    G = cfg.num_generations
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
-               disable=not progress, dynamic_ncols=True)
+               disable=not (progress and main), dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-3. Sample, score, advantages.
@@ -242,7 +270,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         ids = [batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
         adv = batch["adv"].to(device)
         loss_mask = ids[3] * (~batch["is_truncated"].to(device)).unsqueeze(1) if cfg.mask_truncated_completions else ids[3]
-        N = adv.shape[0]
+        N = adv.shape[0]  # this process's completions: generation_batch_size / W
+        num_tokens = distributed.all_reduce_sum(loss_mask.sum())  # the global batch's completion tokens
 
         # 4. Old and reference log-probs, once per batch, only when needed.
         needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1
@@ -255,7 +284,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         model.train()
         step_stats, mb_size = [], N // cfg.steps_per_generation
         for _ in range(cfg.num_iterations):
-            for mb in torch.randperm(N).split(mb_size):
+            for mb in torch.randperm(N).split(mb_size):  # steps_per_generation mini-batches, on every rank
                 mb_ids = [t[mb] for t in ids]
                 with autocast():
                     logp, entropy = completion_logprobs(model, *mb_ids, temperature=cfg.temperature, with_entropy=True)
@@ -265,15 +294,20 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                     epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
                     beta=0.0 if ref_logp is None else cfg.beta, ref_logp=None if ref_logp is None else ref_logp[mb],
                     kl_estimator=cfg.kl_estimator, max_completion_length=max_len,
-                    num_items_in_batch=loss_mask.sum() / cfg.steps_per_generation, gmpo_epsilon=cfg.gmpo_epsilon,
+                    # dapo/cispo: sum / tokens. W processes: / (global tokens / W), as the gradients are averaged
+                    num_items_in_batch=num_tokens / cfg.steps_per_generation / W, gmpo_epsilon=cfg.gmpo_epsilon,
                 )
+                if cfg.loss_type == "bnpo" and W > 1:  # bnpo divides by this rank's tokens: make it the global count
+                    mb_tokens = loss_mask[mb].sum()
+                    loss = loss * mb_tokens * W / distributed.all_reduce_sum(mb_tokens).clamp(min=1)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                distributed.average_gradients(model.parameters())  # W > 1: the global batch's gradient, on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
                 optimizer.step()
-                stats.update(loss=loss.item(), grad_norm=grad_norm,
+                stats.update(loss=loss.item(), grad_norm=grad_norm, tokens=mb_ids[3].sum().item(),
                              entropy=((entropy * mb_ids[3]).sum() / mb_ids[3].sum().clamp(min=1)).item())
                 step_stats.append(stats)
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
@@ -282,20 +316,27 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         step_seconds = time.perf_counter() - t0
         run_state["wall_seconds"] += step_seconds
 
-        # 6. Log one line.
-        row = {"step": step, **step_metrics(batch, step_stats, task, reward_names)}
+        # 6. Log one line (rank 0, from every rank's share of the batch).
+        row = {"step": step, **step_metrics(gather_batch(batch, task), gather_stats(step_stats), reward_names)}
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
-        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-            row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
-        metrics_file.write(json.dumps(row) + "\n")
-        metrics_file.flush()
-        bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
+                   tokens_per_second=num_tokens.item() / step_seconds)
+        if main:
+            if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+                row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+            bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
         if cfg.save_steps and step % cfg.save_steps == 0:
-            save_checkpoint(out / "checkpoints", step, model=model, optimizer=optimizer, scheduler=scheduler,
-                            sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
-                            keep=cfg.save_total_limit)
+            states = distributed.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
+            if main:
+                save_checkpoint(out / "checkpoints", step, model=model, optimizer=optimizer, scheduler=scheduler,
+                                sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
+                                keep=cfg.save_total_limit, process_states=states)
+    if not main:  # the other ranks are done: rank 0 evaluates, saves and returns the summary to them
+        summary = distributed.broadcast_object(None)
+        distributed.cleanup()
+        return summary
     metrics_file.close()
 
     before = run_state["before"]
@@ -320,20 +361,55 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     from .plots import plot_runs
 
     plot_runs([out], out / "plots")
+    distributed.broadcast_object(summary)
+    distributed.cleanup()
     return summary
 
 
-def step_metrics(batch: dict, step_stats: list[dict], task: Task, reward_names: list[str]) -> dict:
-    """The per-step numbers of metrics.jsonl, named as TRL logs them where TRL has the same quantity."""
-    rewards, adv, mask = batch["rewards"], batch["adv"], batch["completion_mask"]
-    lengths = mask.sum(1)
-    correct = torch.tensor([task.is_correct(c, r["answer"]) for c, r in zip(batch["completions"], batch["rows"])])
+def gather_batch(batch: dict, task: Task) -> dict:
+    """What step_metrics reads of a batch, as CPU tensors, concatenated over the processes in rank order (so
+    in the order a one-process run holds the same prompts). With one process: this batch's."""
+    correct = [task.is_correct(c, r["answer"]) for c, r in zip(batch["completions"], batch["rows"])]
+    mine = {
+        "rewards": batch["rewards"].cpu(), "adv": batch["adv"].cpu(), "correct": torch.tensor(correct),
+        "lengths": batch["completion_mask"].sum(1).cpu(), "is_truncated": batch["is_truncated"].cpu(),
+        "rewards_per_func": batch["rewards_per_func"].cpu(), "zero_std_sampled": batch["zero_std_sampled"].cpu(),
+        "sampling_rounds": torch.tensor([batch["sampling_rounds"]]),
+    }
+    ranks = distributed.gather_objects(mine)
+    return {key: torch.cat([r[key] for r in ranks]) for key in mine}
+
+
+def gather_stats(step_stats: list[dict]) -> list[dict]:
+    """Each mini-batch's loss statistics over all processes (every rank ran as many mini-batches).
+
+    loss and grad_norm are the same quantity on every rank's scale (the loss is normalised so that the ranks'
+    average is the global batch's; the gradient is averaged before its norm is taken): a plain mean. The
+    rest are token means (entropy, clip ratios, ratio, KL): weighted by each rank's tokens, which makes them
+    the global batch's token mean. (GSPO's sequence-level clip ratios are sequence means: token-weighting them
+    is then an approximation.)"""
+    ranks = distributed.gather_objects(step_stats)
+    if len(ranks) == 1:
+        return step_stats
+    gathered = []
+    for i, stats in enumerate(step_stats):
+        tokens = [r[i]["tokens"] for r in ranks]
+        weighted = lambda key: sum(r[i][key] * n for r, n in zip(ranks, tokens)) / max(sum(tokens), 1)  # noqa: E731
+        gathered.append({key: _mean(r[i][key] for r in ranks) if key in ("loss", "grad_norm") else weighted(key)
+                         for key in stats})
+    return gathered
+
+
+def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -> dict:
+    """The per-step numbers of metrics.jsonl, named as TRL logs them where TRL has the same quantity.
+    batch: as `gather_batch` returns it."""
+    rewards, adv, lengths, correct = batch["rewards"], batch["adv"], batch["lengths"], batch["correct"]
     scored = ~rewards.isnan()
     row = {
         "loss": _mean(s["loss"] for s in step_stats),
         "reward": rewards[scored].mean().item() if scored.any() else math.nan,
         "reward_std": rewards[scored].std().item() if scored.sum() > 1 else 0.0,
-        "frac_reward_zero_std": batch["frac_reward_zero_std"],
+        "frac_reward_zero_std": batch["zero_std_sampled"].float().mean().item(),
         "frac_reward_nan": (~scored).float().mean().item(),
         "accuracy": correct.float().mean().item(),
         "advantages/mean": adv.mean().item(), "advantages/std": adv.std().item(),
@@ -344,7 +420,7 @@ def step_metrics(batch: dict, step_stats: list[dict], task: Task, reward_names: 
         "completion_length_correct_mean": lengths[correct].mean().item() if correct.any() else None,
         "completion_length_incorrect_mean": lengths[~correct].mean().item() if (~correct).any() else None,
         "clipped_ratio": batch["is_truncated"].float().mean().item(),
-        "sampling_rounds": batch["sampling_rounds"],
+        "sampling_rounds": batch["sampling_rounds"].max().item(),
     }
     for j, name in enumerate(reward_names):
         col = batch["rewards_per_func"][:, j]

@@ -1,0 +1,46 @@
+"""A short training run for tests/test_distributed.py, the same under `accelerate launch` with W processes and
+under plain `python` (W = 1): `python tests/distributed_run.py OUT_DIR LOSS_TYPE`.
+
+Sampling would make the runs differ (W processes draw from W random generators), so the completions here are
+scripted: fixed by the prompt and the place in its group, of different lengths (so the token-count
+normalisers matter), the same under any number of processes. Everything after sampling — rewards,
+advantages, log-probs, loss, gradients, the optimizer — is the real trainer, and W processes must reproduce
+the one-process run's metrics and weights.
+"""
+
+import sys
+
+import minigrpo.trainer
+from minigrpo.config import Config
+from minigrpo.engines import rollout_from_ids
+
+
+class ScriptedEngine:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, *, num_generations, max_completion_length, **sampling):
+        tok, completions = self.tokenizer, []
+        for prompt in prompts:
+            digits = "".join(c for c in prompt if c.isdigit())
+            for j in range(num_generations):  # 1 to len(digits) digits, depending on j and the prompt
+                text = digits[: 1 + (5 * j + len(prompt)) % len(digits)]
+                completions.append(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+        prompt_ids = [tok(p)["input_ids"] for p in prompts]
+        return rollout_from_ids(prompt_ids, completions, tok, [tok.eos_token_id], num_generations, max_completion_length)
+
+    def sync_weights(self):
+        pass
+
+
+def place_and_length(prompts, completions, completion_ids, **row):
+    """Depends on the place in the group (G = 4) and the length: groups always have non-zero std."""
+    return [(i % 4) / 3 + 0.05 * len(ids) for i, ids in enumerate(completion_ids)]
+
+
+if __name__ == "__main__":
+    out, loss_type = sys.argv[1], sys.argv[2]
+    minigrpo.trainer.make_engine = lambda cfg, model, tokenizer: ScriptedEngine(tokenizer)
+    cfg = Config(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4, generation_batch_size=16,
+                 learning_rate=1e-3, eval_steps=0, eval_limit=8, eval_num_samples=1, save_model=True)
+    minigrpo.trainer.train(cfg, reward_funcs=[place_and_length], progress=False)
