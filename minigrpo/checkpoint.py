@@ -4,7 +4,8 @@
 
 A checkpoint holds the trainable weights (the whole model in full fine-tuning, only the adapter with LoRA:
 frozen weights are reloaded from `model_name_or_path`), the optimizer and LR-scheduler states, the torch and
-Python RNG states, the prompt sampler's position, the step counter, and the run's config. Restoring all of
+Python RNG states and the prompt sampler's position (one set per process in a multi-process run, written by
+rank 0), the step counter, and the run's config. Restoring all of
 them makes a resumed run draw the same samples and take the same steps as a run that was never stopped, so
 its metrics are equal, not just close (on CPU, where torch is deterministic).
 
