@@ -86,6 +86,64 @@ def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
     return path
 
 
+def shape_config(shape: str):
+    """The model config of a shape: the shipped tiny model's config.json, or a Qwen2.5 shape's published sizes."""
+    if shape == "tiny":
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(shape_dir("tiny", "."))
+    return qwen_config(shape)
+
+
+NF4_BITS = {False: 4 + 32 / 64, True: 4 + 8 / 64 + 32 / (64 * 256)}  # bits per weight, by use_bnb_nested_quant
+
+
+def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, target_modules=None,
+                          nested_quant: bool = True) -> dict[str, dict]:
+    """The floor of a training step, per setup of SETUPS: weights + gradients + AdamW's two moments, in bytes.
+
+    Activations are not in it (they depend on batch and length; `measure` sees them). Counted from the shapes of
+    a model built on the meta device (no memory), with p = all parameters, q = the weights of the linear layers
+    LoRA targets (the ones bitsandbytes makes 4-bit), a = LoRA's r (d_in + d_out) per targeted layer, w = weight_bytes:
+
+        grpo-full    weights p w        gradients p w   AdamW moments 2 p w
+        grpo-lora    weights (p + a) w  gradients a w   AdamW moments 2 a w
+        grpo-qlora   weights (p - q + a) w + q nf4/8    (nf4: 4.5 bits a weight, 4.127 with double
+                                                        quantization; QLoRA, Dettmers et al. 2023, section 3)
+                     gradients a w      AdamW moments 2 a w
+        ppo-critic   grpo-full for the policy and for a critic of the same decoder with a scalar head
+
+    AdamW keeps its moments in the parameters' dtype, hence w for them too.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from .models import default_lora_target_modules
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    targets = target_modules or default_lora_target_modules(model)
+    head = model.get_output_embeddings()
+    linears = [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head
+               and (targets == "all-linear" or name.rsplit(".", 1)[-1] in targets)]
+    p = sum(t.numel() for t in model.parameters())
+    q = sum(m.weight.numel() for m in linears)
+    a = sum(lora_r * (m.in_features + m.out_features) for m in linears)
+    critic = sum(t.numel() for t in model.get_decoder().parameters()) + config.hidden_size + 1
+    w = weight_bytes
+
+    def row(weights, trainable, total):
+        grads, moments = trainable * w, 2 * trainable * w
+        return {"weights": weights, "gradients": grads, "optimizer": moments, "total": weights + grads + moments,
+                "trainable_params": trainable, "total_params": total}
+
+    return {
+        "grpo-full": row(p * w, p, p),
+        "grpo-lora": row((p + a) * w, a, p + a),
+        "grpo-qlora": row((p - q + a) * w + q * NF4_BITS[nested_quant] / 8, a, p + a),
+        "ppo-critic": row((p + critic) * w, p + critic, p + critic),
+    }
+
+
 def synthetic_batch(vocab_size: int, batch_size: int, prompt_length: int, completion_length: int, seed: int = 0):
     """Random prompt and completion ids of fixed lengths, and random 0/1 rewards: a stand-in for a rollout."""
     g = torch.Generator().manual_seed(seed)

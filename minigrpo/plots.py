@@ -6,6 +6,9 @@ Training runs (read from metrics.jsonl / summary.json): `plot_curve`, `plot_comp
 figure, e.g. the variants of notebook 04), `plot_length_drift`, `plot_before_after`, `plot_runs` (the CLI's standard
 figures). They take {label: metrics} and draw every run on shared axes, one line per run.
 
+Memory (notebook 05): `plot_memory` draws `memory.measure`'s results (or a `minigrpo memory --json` file's), the
+measured peak of each setup beside its weights, gradients and Adam moments.
+
 The math (notebooks 01 and 02): `plot_advantage_vs_num_correct`, `plot_histograms`, `plot_token_heatmap`,
 `plot_surrogate`, `plot_kl_samples`, `plot_token_ratios`. They draw numbers computed by the package's own
 functions (passed in as tensors or as callables), never a re-implementation.
@@ -25,7 +28,7 @@ __all__ = [
     "load_metrics", "load_summary", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
     "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
-    "plot_surrogate", "plot_kl_samples", "plot_token_ratios",
+    "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory",
 ]
 
 
@@ -434,4 +437,48 @@ def plot_token_ratios(token_ratio: torch.Tensor, references: dict[str, float], *
     ax.set_ylabel(r"$\pi_\theta(o_t) / \pi_{old}(o_t)$")
     ax.set_title(title or "one completion: token ratios and sequence-level summaries")
     ax.legend(fontsize=8)
+    return ax
+
+
+# ---- memory, for notebook 05 --------------------------------------------------------------------------------
+MEMORY_PARTS = (("weights", "weights", "#264653"), ("gradients", "gradients", "#2a9d8f"),
+                ("optimizer", "AdamW moments", "#e9c46a"))
+
+
+def plot_memory(results: list[dict], device: str, *, estimates: dict[str, dict] | None = None,
+                labels: dict[str, str] | None = None, ax=None, title: str | None = None):
+    """One bar per setup: the measured memory of a training step (`memory.measure`'s results for one shape).
+
+    CPU: peak RSS minus the RSS before the model was built ("model + step"); CUDA: torch.cuda.max_memory_allocated.
+    estimates ({setup: {"weights", "gradients", "optimizer"} in bytes}, `memory.estimate_static_bytes`) adds a
+    narrower stacked bar beside each: what the step holds before any activation. labels: {setup: display name}.
+    Each measured bar is annotated with its MiB and its share of the PPO-with-critic bar, when there is one.
+    """
+    ax = ax or plt.subplots(figsize=(7.5, 4))[1]
+    mib = 2**20
+    used = [(r["peak_bytes"] - (r["baseline_bytes"] if device == "cpu" else 0)) / mib for r in results]
+    ppo = next((u for r, u in zip(results, used) if r["setup"] == "ppo-critic"), None)
+    width = 0.38 if estimates else 0.6
+    offset = -width / 2 if estimates else 0.0
+    measured_label = "measured: peak RSS above baseline" if device == "cpu" else "measured: peak allocated"
+    bars = ax.bar([i + offset for i in range(len(results))], used, width, color="0.55", label=measured_label)
+    for bar, value in zip(bars, used):
+        note = f"{value:,.0f}" + (f"\n{value / ppo:.0%} of PPO" if ppo else "")
+        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    tops = list(used)
+    if estimates:
+        bottoms = [0.0] * len(results)
+        for key, part, color in MEMORY_PARTS:
+            heights = [estimates[r["setup"]][key] / mib for r in results]
+            ax.bar([i + width / 2 for i in range(len(results))], heights, width, bottom=bottoms, color=color,
+                   label=f"estimate: {part}")
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        tops += bottoms
+    ax.set_xticks(range(len(results)))
+    ax.set_xticklabels([(labels or {}).get(r["setup"], r["setup"]) for r in results], fontsize=9)
+    ax.set_ylabel("MiB (CPU RSS)" if device == "cpu" else "MiB (CUDA allocated)")
+    ax.set_ylim(0, max(tops + [0]) * 1.25 or 1)
+    ax.set_title(title or "memory of one training step")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="upper left")
     return ax

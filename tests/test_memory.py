@@ -58,3 +58,28 @@ def test_lora_setups_train_only_the_adapter(setup):
     result = measure_setup(setup, model_dir, **TINY_STEP)
     assert result["total_params"] > full["total_params"]  # base + adapter
     assert 0 < result["trainable_params"] < full["total_params"] / 5
+
+
+def test_static_estimate_counts_what_peft_trains_and_what_the_step_holds():
+    """The meta-device count agrees with peft and with the measured setups; the bytes follow the formula."""
+    from minigrpo.memory import NF4_BITS, estimate_static_bytes, shape_config
+    from minigrpo.models import add_lora, load_model, parameter_counts
+    from minigrpo.ppo_critic import ValueModel
+    from minigrpo.tasks import get_task
+
+    estimate = estimate_static_bytes(shape_config("tiny"), lora_r=4)
+    model = load_model(get_task("think_addition").model_dir)
+    p = sum(t.numel() for t in model.parameters())
+    critic = sum(t.numel() for t in ValueModel(model).parameters())
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head]
+    linear = sum(m.weight.numel() for m in linears)
+    lora_trainable, lora_total = parameter_counts(add_lora(model, r=4))
+    lora_counts = (estimate["grpo-lora"]["trainable_params"], estimate["grpo-lora"]["total_params"])
+    assert lora_counts == (lora_trainable, lora_total)
+    full, lora, qlora, ppo = (estimate[s] for s in ("grpo-full", "grpo-lora", "grpo-qlora", "ppo-critic"))
+    assert full["total"] == 16 * p  # float32 weights, gradients, two moments: 4 + 4 + 8 bytes a parameter
+    assert ppo["trainable_params"] == p + critic and ppo["total"] == 16 * (p + critic)
+    assert lora["gradients"] == 4 * lora_trainable and lora["optimizer"] == 8 * lora_trainable
+    # QLoRA stores the block linears (q, k, v, o, gate, up, down; not the head) in 4.127 bits instead of 32.
+    assert qlora["weights"] == pytest.approx(lora["weights"] - linear * (4 - NF4_BITS[True] / 8))
+    assert NF4_BITS[True] == pytest.approx(4.127, abs=1e-3)  # the QLoRA paper's figure

@@ -12,7 +12,7 @@ from minigrpo.advantages import group_advantages  # noqa: E402
 from minigrpo.objectives.grpo import clipped_surrogate  # noqa: E402
 from minigrpo.plots import (  # noqa: E402
     _series, plot_advantage_vs_num_correct, plot_completion_lengths, plot_curve, plot_histograms, plot_kl_samples,
-    plot_run_overview, plot_surrogate, plot_token_heatmap, plot_token_ratios,
+    plot_memory, plot_run_overview, plot_surrogate, plot_token_heatmap, plot_token_ratios,
 )
 
 METRICS = [  # three logged steps; eval at steps 2 and 3
@@ -110,3 +110,19 @@ def test_length_drift_is_last_minus_first_for_all_right_and_wrong():
     ax = plot_length_drift({"run": METRICS}, first=1, last=1)
     heights = [patch.get_height() for patch in ax.patches]
     assert heights == [15.0 - 10.0, 19.0 - 20.0, 6.0 - 5.0]  # all, right answers, wrong answers (None skipped)
+
+
+def test_plot_memory_draws_measured_bars_above_the_baseline_and_stacks_the_estimate():
+    mib = 2**20
+    results = [{"setup": "grpo-full", "peak_bytes": 500 * mib, "baseline_bytes": 400 * mib},
+               {"setup": "ppo-critic", "peak_bytes": 600 * mib, "baseline_bytes": 400 * mib}]
+    estimates = {s: {"weights": 10 * mib * k, "gradients": 10 * mib * k, "optimizer": 20 * mib * k}
+                 for s, k in (("grpo-full", 1), ("ppo-critic", 2))}
+    ax = plot_memory(results, "cpu", estimates=estimates, labels={"grpo-full": "GRPO", "ppo-critic": "PPO"})
+    measured, *parts = ax.containers
+    assert [b.get_height() for b in measured] == [100, 200]  # peak minus baseline, in MiB
+    assert [b.get_y() for b in parts[2]] == [20, 40] and [b.get_height() for b in parts[2]] == [20, 40]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["GRPO", "PPO"]
+    assert "50% of PPO" in ax.texts[0].get_text() and "RSS" in ax.get_ylabel() and ax.get_legend() is not None
+    cuda = plot_memory(results, "cuda")  # on a GPU the peak allocated is the figure, no baseline subtracted
+    assert [b.get_height() for b in cuda.containers[0]] == [500, 600] and "CUDA" in cuda.get_ylabel()
