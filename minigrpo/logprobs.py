@@ -108,8 +108,8 @@ def _logprobs(model, prompt_logits, prompt_cache, which, prompt_mask, completion
     Indexing is differentiable, so the gradient of every completion flows into its prompt's activations."""
     p = prompt_mask.shape[1]
     cache = DynamicCache(config=model.config)
-    for layer, prompt_layer in enumerate(prompt_cache.layers):
-        cache.update(prompt_layer.keys[which, :, -p:], prompt_layer.values[which, :, -p:], layer)
+    for layer_idx, prompt_layer in enumerate(prompt_cache.layers):
+        cache.update(prompt_layer.keys[which, :, -p:], prompt_layer.values[which, :, -p:], layer_idx)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (B, p + T)
     position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1], device=prompt_mask.device)
     completion_logits = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
