@@ -104,7 +104,7 @@ def sample_completions(
         model, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
         num_generations=num_generations, max_new_tokens=max_completion_length, temperature=temperature,
         top_p=top_p, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id,
-    )
+    ).clone()  # decode runs in inference mode; the loss needs an ordinary tensor (see decode)
     model.train(was_training)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
@@ -145,7 +145,10 @@ def sample_completions_hf(
 DROP_FINISHED_FRACTION = 0.25
 
 
-@torch.no_grad()
+# Inference mode, not just no_grad: it also skips autograd's version counters and view tracking, which is a
+# few percent of each small decode step on a CPU. Its tensors cannot be used by autograd later, so the caller
+# clones what decode returns.
+@torch.inference_mode()
 def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_p, do_sample,
            eos_ids, pad_id) -> torch.LongTensor:
     """The sampling loop, written out. Returns completion ids (B*G, T), pad after each row's first eos.
