@@ -301,7 +301,8 @@ def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
     axes = axes if axes is not None else plt.subplots(1, 2, figsize=(13, 3.8))[1]
     lag_ax, err_ax = axes
     for i, (label, metrics) in enumerate(runs.items()):
-        for ax, key, style, part in ((lag_ax, "reward", "-", "mean reward"), (lag_ax, "value/v0_mean", "--", "critic V(s_0)"),
+        for ax, key, style, part in ((lag_ax, "reward", "-", "mean reward"),
+                                     (lag_ax, "value/v0_mean", "--", "critic V(s_0)"),
                                      (err_ax, "value/v0_mse", "-", "critic V(s_0)"),
                                      (err_ax, "adv_var/grpo_unscaled", ":", "group mean (GRPO's baseline)")):
             xs, values = _series(metrics, key)

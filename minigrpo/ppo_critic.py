@@ -5,7 +5,7 @@ GRPO estimates each completion's baseline from its group: A_i = (r_i - mean(r)) 
 a value network V_phi(s_t) predicts, at every completion token, the return still to come, and the advantage of
 token t is Generalised Advantage Estimation (Schulman et al. 2016, "GAE", eq. 16) over the completion:
 
-    r_t      = R (the completion's reward) on its last token, 0 before it; minus beta (log pi - log pi_ref)_t
+    r_t      = R (the completion's reward) on its last token, 0 before it; minus kl_coef (log pi - log pi_ref)_t
                on every token when a reference policy is given (the KL penalty in the reward, InstructGPT eq. 2)
     delta_t  = r_t + gamma V(s_{t+1}) - V(s_t)            V(s_{T_i}) = 0 after the last token
     A_t      = sum_l (gamma lam)^l delta_{t+l}           returns_t = A_t + V(s_t)
@@ -18,10 +18,15 @@ The value network is "the same size as the policy": a copy of the policy's trans
 with a scalar head in place of the vocabulary head, initialised from the policy as is common in RLHF. Its
 weights, gradients and Adam moments are what GRPO saves (`minigrpo memory` measures how much).
 
-What this file simplifies, on purpose: one process; the policy and the critic share one optimizer and one
-backward pass (separate losses, summed); rewards are not whitened; names and defaults follow TRL's PPOConfig
-(gamma 1.0, lam 0.95, cliprange 0.2, cliprange_value 0.2, vf_coef 0.1). Sampling is the caller's
-(`rollout.sample_completions`), so a notebook can run GRPO and PPO on the same rollouts.
+In code: `ppo_targets` fixes everything before the update (old log-probs, V_old, GAE, returns, and
+`critic_diagnostics`: the critic's error on the batch it has not trained on yet), `ppo_update` takes the optimizer
+steps, and `ppo_step` is the two in a row. The loop around them is `ppo_trainer.train_ppo`.
+
+What this file simplifies, on purpose: one process; the policy and the critic share one optimizer (param groups
+may give them different learning rates) and one backward pass (separate losses, summed); rewards are not
+whitened (advantages are, optionally). The functions' defaults are TRL's PPOConfig's (gamma 1.0, lam 0.95,
+cliprange 0.2, cliprange_value 0.2, vf_coef 0.1, kl_coef 0.05); `ppo_trainer.PPOConfig` chooses its own for
+think_addition and says why. Sampling is the caller's, so a notebook can run GRPO and PPO on the same rollouts.
 """
 
 import contextlib
@@ -40,7 +45,11 @@ __all__ = ["ValueModel", "completion_values", "terminal_rewards", "gae", "whiten
 
 
 class ValueModel(nn.Module):
-    """V_phi(s): the policy's transformer, copied, with a scalar head on its last hidden state."""
+    """V_phi(s): the policy's transformer, copied, with a scalar head on its last hidden state.
+
+    The head starts at zero, so V = 0 everywhere until the critic has trained. A LoRA policy (peft) is copied with
+    its adapter: the critic then trains its own adapter and its head, and its copy of the base stays frozen.
+    """
 
     def __init__(self, policy):
         super().__init__()
@@ -147,9 +156,10 @@ def critic_diagnostics(old_values, raw_adv, returns, rewards, mask) -> dict[str,
     v0, a0, real = old_values[:, 0], raw_adv[:, 0], mask.bool()
     error = v0 - rewards.float()
     residual, target = (returns - old_values)[real], returns[real]
+    explained = 1 - residual.var(unbiased=False) / target.var(unbiased=False).clamp(min=1e-8)
     return {
-        "value/v0_mse": error.pow(2).mean().item(), "value/v0_bias": error.mean().item(), "value/v0_mean": v0.mean().item(),
-        "value/explained_variance": (1 - residual.var(unbiased=False) / target.var(unbiased=False).clamp(min=1e-8)).item(),
+        "value/v0_mse": error.pow(2).mean().item(), "value/v0_bias": error.mean().item(),
+        "value/v0_mean": v0.mean().item(), "value/explained_variance": explained.item(),
         "adv_var/gae_t0": a0.var(unbiased=False).item(), "adv_var/gae_tokens": raw_adv[real].var(unbiased=False).item(),
     }
 
@@ -167,14 +177,16 @@ def ppo_targets(policy, value_model, batch: dict, rewards: torch.Tensor, *, ref_
     Returns {old_logp (or None), old_values, raw_adv, adv, returns} (all (B, T)) and "stats", critic_diagnostics.
     """
     if not torch.isfinite(rewards).all():
-        raise ValueError(f"rewards: PPO needs a finite reward for every completion, got {int((~rewards.isfinite()).sum())} "
-                         "NaN/inf (an unscorable completion?)")
+        bad = int((~rewards.isfinite()).sum())
+        raise ValueError(f"rewards: PPO needs a finite reward for every completion, got {bad} NaN/inf "
+                         "(an unscorable completion?)")
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     mask = ids[3].float()
-    old_logp = completion_logprobs(policy, *ids, temperature=temperature)[0] if need_old_logp or ref_logp is not None else None
+    with_kl = ref_logp is not None and kl_coef > 0  # the KL penalty needs log pi_old even when the update does not
+    old_logp = completion_logprobs(policy, *ids, temperature=temperature)[0] if need_old_logp or with_kl else None
     old_values = completion_values(value_model, *ids)  # (B, T), V(s_t) before the update
     token_rewards = terminal_rewards(rewards, mask)  # (B, T)
-    if ref_logp is not None and kl_coef > 0:
+    if with_kl:
         token_rewards = token_rewards - kl_coef * (old_logp - ref_logp) * mask  # k1 KL in the reward
     raw_adv, returns = gae(token_rewards, old_values, mask, gamma, lam)  # (B, T) each
     adv = whiten(raw_adv, mask) if whiten_advantages else raw_adv  # whitened: mean 0, std 1 over the batch's tokens
@@ -213,16 +225,16 @@ def ppo_update(policy, value_model, optimizer, batch: dict, targets: dict, *, cl
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).item()
             optimizer.step()
-            stats.update(vf_stats, pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), loss=loss.item(), grad_norm=grad_norm,
-                         entropy=masked_mean(entropy, mask[mb]).item())
+            stats.update(vf_stats, pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), loss=loss.item(),
+                         grad_norm=grad_norm, entropy=masked_mean(entropy, mask[mb]).item())
             history.append(stats)
     return history
 
 
-def ppo_step(policy, value_model, optimizer, batch: dict, rewards: torch.Tensor, *, ref_logp=None, kl_coef: float = 0.05,
-             gamma: float = 1.0, lam: float = 0.95, cliprange: float = 0.2, cliprange_value: float = 0.2,
-             vf_coef: float = 0.1, num_ppo_epochs: int = 1, num_mini_batches: int = 1, temperature: float = 1.0,
-             max_grad_norm: float = 1.0, whiten_advantages: bool = True) -> dict[str, float]:
+def ppo_step(policy, value_model, optimizer, batch: dict, rewards: torch.Tensor, *, ref_logp=None,
+             kl_coef: float = 0.05, gamma: float = 1.0, lam: float = 0.95, cliprange: float = 0.2,
+             cliprange_value: float = 0.2, vf_coef: float = 0.1, num_ppo_epochs: int = 1, num_mini_batches: int = 1,
+             temperature: float = 1.0, max_grad_norm: float = 1.0, whiten_advantages: bool = True) -> dict[str, float]:
     """One PPO update on a batch of sampled completions: `ppo_targets`, then `ppo_update`.
 
     Returns the last mini-batch's stats, the critic's diagnostics (measured before the update) and the batch's

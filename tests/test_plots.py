@@ -113,8 +113,8 @@ def test_length_drift_is_last_minus_first_for_all_right_and_wrong():
 
 
 PPO_METRICS = [  # two logged steps of ppo_trainer.train_ppo, the keys the critic plots read
-    {"step": s, "reward": r, "value/v0_mean": v, "value/v0_mse": e, "adv_var/reward": 0.25, "adv_var/grpo_unscaled": 0.12,
-     "adv_var/gae_t0": 0.02, "adv_var/gae_tokens": 0.08, "adv_var/grpo": 0.6}
+    {"step": s, "reward": r, "value/v0_mean": v, "value/v0_mse": e, "adv_var/reward": 0.25,
+     "adv_var/grpo_unscaled": 0.12, "adv_var/gae_t0": 0.02, "adv_var/gae_tokens": 0.08, "adv_var/grpo": 0.6}
     for s, r, v, e in ((1, 0.4, 0.0, 0.4), (2, 0.6, 0.3, 0.3))
 ]
 

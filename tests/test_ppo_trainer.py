@@ -66,10 +66,17 @@ def test_bad_ppo_settings_are_one_line_errors_naming_the_field(field, value):
 
 
 @pytest.mark.parametrize("overrides, field", [(dict(dynamic_sampling=True), "dynamic_sampling"),
-                                              (dict(beta=0.04), "beta"), (dict(save_steps=1), "save_steps")])
+                                              (dict(beta=0.04), "beta"), (dict(save_steps=1), "save_steps"),
+                                              (dict(use_peft=True, load_in_4bit=True), "load_in_4bit")])
 def test_config_settings_ppo_does_not_honour_are_refused(tmp_path, random_model_dir, overrides, field):
     with pytest.raises(ConfigError, match=f"^{field}: not supported by train_ppo"):
         run(tmp_path, random_model_dir, **overrides)
+
+
+def test_lora_trains_an_adapter_on_the_policy_and_one_on_its_critic(tmp_path, random_model_dir):
+    summary, lines = run(tmp_path, random_model_dir, use_peft=True, lora_r=4, max_steps=1)
+    assert summary["trainable_params"] < summary["total_params"] // 2  # the two bases stay frozen
+    assert lines[0]["vf_loss"] > 0 and lines[0]["grad_norm"] > 0
 
 
 def test_mini_batches_must_divide_the_batch(tmp_path, random_model_dir):
@@ -85,14 +92,15 @@ def test_an_unscorable_completion_is_an_error_not_a_nan(tmp_path, random_model_d
         run(tmp_path, random_model_dir, funcs=[sometimes_none])
 
 
-def test_ppo_learns_on_the_shipped_tiny_model(tmp_path):
-    """PPO with its defaults lifts the reward of the training samples on think_addition within 12 steps.
+def test_ppo_learns_to_think_and_lifts_greedy_accuracy_on_the_shipped_tiny_model(tmp_path):
+    """PPO with its defaults, 8 steps of 8 prompts x 8 completions on think_addition, greedy accuracy on 200 problems.
 
-    Measured (seeds 0, 1, 2): ... The threshold leaves a margin over the worst seed.
+    Measured with seeds 0, 1, 2: 29.5% -> 57.0%, 55.5%, 61.5%, and the greedy length 16.0 -> 29.0-29.5 tokens (it
+    writes its scratchpad). A sign error in the advantage, a critic that leaks into the policy's gradient or a
+    wrong mask would leave accuracy flat or make it fall. The thresholds leave 10 points and 8 tokens of margin.
     """
-    cfg = Config(task="think_addition", max_steps=12, eval_steps=0, eval_limit=16, eval_num_samples=0,
-                 save_model=False, seed=0, output_dir=str(tmp_path / "ppo"))
-    train_ppo(cfg, progress=False)
-    lines = [json.loads(x) for x in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
-    first, last = (sum(line["reward"] for line in part) / len(part) for part in (lines[:3], lines[-3:]))
-    assert last >= first + 0.10, (first, last)
+    cfg = Config(task="think_addition", max_steps=8, generation_batch_size=64, eval_steps=0, eval_limit=200,
+                 eval_num_samples=0, save_model=False, seed=0, output_dir=str(tmp_path / "ppo"))
+    summary = train_ppo(cfg, progress=False)
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.15, summary
+    assert summary["completion_length_after"] >= summary["completion_length_before"] + 5, summary
