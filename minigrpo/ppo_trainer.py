@@ -33,13 +33,14 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_type_hints
 
 import torch
 import yaml
 from tqdm.auto import tqdm
 
 from .advantages import group_advantages
-from .config import Config, ConfigError
+from .config import Config, ConfigError, _coerce
 from .engines import make_engine
 from .evaluate import evaluate
 from .logprobs import completion_logprobs
@@ -102,6 +103,12 @@ class PPOConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_flags(cls, values: dict) -> "PPOConfig":
+        """From {field: value} with values as strings (command-line flags) or of the field's type."""
+        hints = get_type_hints(cls)
+        return cls(**{key: _coerce(key, value, hints[key]) for key, value in values.items()})
 
 
 def _check(cfg: Config, ppo: PPOConfig) -> None:

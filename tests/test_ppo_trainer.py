@@ -104,3 +104,26 @@ def test_ppo_learns_to_think_and_lifts_greedy_accuracy_on_the_shipped_tiny_model
     summary = train_ppo(cfg, progress=False)
     assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.15, summary
     assert summary["completion_length_after"] >= summary["completion_length_before"] + 5, summary
+
+
+@pytest.mark.parametrize("argv, message", [(["--lam", "2"], "lam: must be in [0, 1], got 2.0"),
+                                           (["--vf-coef", "abc"], "vf_coef: cannot read 'abc' as float"),
+                                           (["--dynamic-sampling"], "dynamic_sampling: not supported by train_ppo")])
+def test_cli_bad_flags_are_one_line_errors(capsys, argv, message):
+    from minigrpo.cli import main
+
+    assert main(["ppo", *argv]) == 2
+    assert capsys.readouterr().err.strip() == f"minigrpo ppo: error: {message}"
+
+
+def test_cli_trains_with_config_and_ppo_flags(tmp_path, random_model_dir, capsys):
+    from minigrpo.cli import main
+
+    out = tmp_path / "cli"
+    argv = ["ppo", "--model", str(random_model_dir), "--out", str(out), "--max-steps", "1", "--num-generations", "4",
+            "--generation-batch-size", "8", "--eval-limit", "8", "--eval-num-samples", "0", "--save-model", "false",
+            "--lam", "0.9", "--critic-learning-rate", "none"]
+    assert main(argv) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["ppo"]["lam"] == 0.9 and config["ppo"]["critic_learning_rate"] is None
+    assert "greedy accuracy" in capsys.readouterr().out
