@@ -320,31 +320,32 @@ def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
     return axes
 
 
-ADVANTAGE_VARIANCES = (  # (metric of train_ppo, label) for plot_advantage_variance, all on the same batch
-    ("adv_var/reward", "no baseline: R"),
-    ("adv_var/grpo_unscaled", "group baseline: R - mean(group)"),
-    ("adv_var/gae_t0", "GAE, first token: A_0"),
-    ("adv_var/gae_tokens", "GAE, all tokens: A_t"),
-    ("adv_var/grpo", "GRPO z-score (R - mean) / std"),
+ADVANTAGE_VARIANCES = (  # (metric of train_ppo, label, style) for plot_advantage_variance, all on the same batch
+    ("adv_var/reward", "no baseline: R", dict(color="k", ls="--", lw=2.5, alpha=0.5)),
+    ("adv_var/grpo_unscaled", "group baseline: R - mean(group)", dict(color="C1")),
+    ("adv_var/gae_t0", "GAE, first token: A_0", dict(color="C2")),
+    ("adv_var/gae_tokens", "GAE, all tokens: A_t", dict(color="C3")),
+    ("adv_var/grpo", "GRPO z-score (R - mean) / std, other units", dict(color="C4", ls=":")),
 )
 
 
 def plot_advantage_variance(metrics: list[dict], *, ax=None, window: int = 3, title: str | None = None):
-    """Variance over the batch of each advantage estimator, computed on the same PPO batch at every step (log y).
+    """Variance over the batch of each advantage estimator, computed on the same PPO batch at every step.
 
-    The first four are in reward units (before PPO's whitening); GRPO's z-score (dotted) is scaled to std 1 in
-    every group that has a signal, so its level says how many groups have one, not how noisy it is.
+    The first four are in reward units (before PPO's whitening); no baseline is drawn wide and faint, so a line
+    on top of it stays visible. GRPO's z-score (dotted) is scaled to std 1 in every group that has a signal, so
+    its level says how many groups have one, not how noisy it is.
     """
     ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
-    for i, (key, label) in enumerate(ADVANTAGE_VARIANCES):
+    for key, label, style in ADVANTAGE_VARIANCES:
         xs, values = _series(metrics, key)
         if xs:
-            ax.plot(xs, smooth(values, window), ":" if key == "adv_var/grpo" else "-", color=f"C{i}", label=label)
-    ax.set_yscale("log")
+            ax.plot(xs, smooth(values, window), label=label, **style)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("step")
     ax.set_ylabel("variance over the batch (reward$^2$)")
     ax.set_title(title or "advantage variance per estimator, same samples")
-    ax.grid(alpha=0.3, which="both")
+    ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     return ax

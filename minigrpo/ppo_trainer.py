@@ -59,16 +59,18 @@ class PPOConfig:
     """What PPO has and GRPO does not, with TRL's PPOConfig names. The defaults were chosen on think_addition.
 
     Tried briefly (30 steps, seed 0, greedy accuracy on 200 test problems at step 30; GRPO reached 73.5% there):
-    lam 0.95 / 1.0 x critic learning rate 1e-4 / 1e-3 gave 70.5%, 72.0%, 73.0%, 79.0%. All four learn; one seed
-    cannot rank them (a difference of two runs has a standard error of ~4.5 points). So the choices follow reasons:
+    lam 0.95 gave 70.5% (critic lr 1e-4) and 72.0% (1e-3), lam 1 gave 73.0% (1e-4) and 79.0% (1e-3). All four
+    learn; one seed cannot rank them (a difference of two runs has a standard error of ~4.5 points). So the
+    choices follow reasons:
 
     * lam = 1 (TRL: 0.95). The reward sits on the last token and gamma = 1, so with lam = 1 token t's advantage is
       R - V(s_t). With lam = 0.95 and a critic that knows nothing yet (V = 0), token t gets lam^(T-1-t) R: the
       first token of a 30-token completion, where this policy decides whether to think, sees 0.95^29 = 23% of it.
+      VC-PPO (Yuan et al. 2025) calls this reward signal decay and trains its critic with lam = 1 for it.
     * critic_learning_rate = 1e-3 (TRL: the policy's, here 1e-4). The zero-initialised head starts at V = 0 while
       the reward is ~0.3; at 1e-4 its V(s_0) stays 0.3-0.4 below the batch's mean reward for ~15 steps (a lagging
-      critic, `value/v0_bias`), at 1e-3 it catches up in ~3 steps. Accuracy hardly differs: whitening subtracts
-      the batch's mean advantage, a baseline that needs no training.
+      critic, `value/v0_bias`), at 1e-3 it is within ~0.1 after 5 steps. Accuracy hardly differs: whitening
+      subtracts the batch's mean advantage, so a critic that is off by a constant costs little.
     * vf_coef = 0.1 (TRL's). With the critic in its own Adam param group its size matters only through the shared
       gradient clip: Adam undoes a constant scale of the gradient.
     * kl_coef = 0 (TRL: 0.05) and num_ppo_epochs = 1 (TRL: 4): GRPO's beta = 0 and its one optimizer step per

@@ -33,7 +33,8 @@ def _text_outputs(cell) -> str:
 
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
-    assert {"01_group_advantages.ipynb", "02_objectives.ipynb", "03_train_grpo.ipynb", "04_variants.ipynb"} <= set(names), names
+    assert {"01_group_advantages.ipynb", "02_objectives.ipynb", "03_train_grpo.ipynb", "04_variants.ipynb",
+            "06_grpo_vs_ppo.ipynb"} <= set(names), names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

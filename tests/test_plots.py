@@ -130,13 +130,13 @@ def test_critic_plot_draws_reward_and_prediction_left_and_two_errors_right():
     assert "a: critic V(s_0)" in [t.get_text() for t in lag_ax.get_legend().get_texts()]
 
 
-def test_advantage_variance_draws_one_line_per_estimator_on_a_log_axis(tmp_path):
+def test_advantage_variance_draws_one_line_per_estimator_from_zero(tmp_path):
     import json
 
     from minigrpo.plots import plot_advantage_variance, plot_critic_runs
 
     ax = plot_advantage_variance(PPO_METRICS, window=1)
-    assert len(ax.lines) == 5 and ax.get_yscale() == "log" and ax.get_ylabel().startswith("variance")
+    assert len(ax.lines) == 5 and ax.get_ylim()[0] == 0 and ax.get_ylabel().startswith("variance")
     assert ax.lines[2].get_ydata().tolist() == [0.02, 0.02]
     (tmp_path / "ppo").mkdir()
     (tmp_path / "ppo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in PPO_METRICS))
