@@ -12,6 +12,16 @@ evaluation as `trainer.train`, so that a GRPO run and a PPO run differ only in w
 Prompts are still sampled G at a time, which PPO does not need, so that GRPO's group-relative advantage can be
 computed on the very same batch and its variance logged beside GAE's (`adv_var/*`).
 
+metrics.jsonl has trainer.train's names (reward, accuracy, eval/accuracy_greedy, completion_length_*, entropy,
+clip_ratio/*, grad_norm, step_seconds, ...; `advantages` holds PPO's raw GAE advantage of each completion's first
+token) plus, all measured on the step's batch:
+    pg_loss, vf_loss, vf_clipfrac, value_mean      the two losses and the critic's clipping (ppo_critic.value_loss)
+    value/v0_mse, value/v0_bias, value/v0_mean     the critic's prediction V(s_0) of each completion's reward, made
+    value/explained_variance                       before the update, against the reward (critic_diagnostics)
+    adv_var/gae_t0, adv_var/gae_tokens             variance over the batch of GAE's A_0, and of A_t over all tokens
+    adv_var/grpo, adv_var/grpo_unscaled            ... of GRPO's group z-score, and of R - mean(group)
+    adv_var/reward                                 ... of R itself (no baseline); grpo_advantages: GRPO's, per row
+
 Settings: every field of `Config` that means the same thing (task, seed, max_steps, generation_batch_size,
 num_generations, temperature, learning_rate, lr_scheduler_type, max_grad_norm, eval_*, output_dir, ...), plus a
 `PPOConfig` for what only PPO has, with TRL's PPOConfig names. GRPO's objective fields (loss_type, epsilon_high,
