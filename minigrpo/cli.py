@@ -1,4 +1,4 @@
-"""`python -m minigrpo train | eval | plot | bench | memory` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | bench | memory | ppo` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
@@ -9,6 +9,7 @@
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
     minigrpo bench --against trl                    # one GRPO step, minigrpo vs TRL, side by side (needs trl)
     minigrpo memory --shape tiny                    # peak memory: GRPO full / LoRA / QLoRA vs PPO with a critic
+    minigrpo ppo --max-steps 50 --lam 1 --out runs/ppo   # PPO with a critic (ppo_trainer.py): Config + PPOConfig flags
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
 """
@@ -67,6 +68,24 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def cmd_ppo(argv: list[str]) -> int:
+    from .ppo_trainer import PPOConfig, train_ppo
+
+    ppo_fields = [f.name for f in dataclasses.fields(PPOConfig)]
+    if argv and argv[0] in ("-h", "--help"):
+        print("minigrpo ppo: every `minigrpo train` flag (see `minigrpo train --help`), plus PPOConfig's:")
+        for key, default in PPOConfig().to_dict().items():
+            print(f"  --{key.replace('_', '-'):32s} {default!r}")
+        return 0
+    overrides = _parse_overrides(argv)
+    ppo = PPOConfig.from_flags({key: overrides.pop(key) for key in ppo_fields if key in overrides})
+    cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/ppo", **overrides})
+    s = train_ppo(cfg, ppo)
+    print(f"{s['task']} ppo seed {s['seed']}: greedy accuracy {s['accuracy_before']:.1%} -> {s['accuracy_after']:.1%}, "
+          f"{s['steps']} steps in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}")
+    return 0
+
+
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="minigrpo eval", description="Greedy accuracy, sampled accuracy and pass@k.")
     p.add_argument("--model", default=None, help="model directory or hub name (default: the task's shipped model)")
@@ -117,7 +136,8 @@ def cmd_memory(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench, "memory": cmd_memory}
+    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench, "memory": cmd_memory,
+                "ppo": cmd_ppo}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -4,7 +4,8 @@ always draw the same picture.
 Training runs (read from metrics.jsonl / summary.json): `plot_curve`, `plot_completion_lengths`,
 `plot_advantage_histogram`, `plot_run_overview` (one run on one figure), `plot_run_comparison` (several runs on one
 figure, e.g. the variants of notebook 04), `plot_length_drift`, `plot_before_after`, `plot_runs` (the CLI's standard
-figures). They take {label: metrics} and draw every run on shared axes, one line per run.
+figures). They take {label: metrics} and draw every run on shared axes, one line per run. PPO's critic (notebook
+06, metrics of ppo_trainer.train_ppo): `plot_critic`, `plot_advantage_variance`, `plot_critic_runs`.
 
 Memory (notebook 05): `plot_memory` draws `memory.measure`'s results (or a `minigrpo memory --json` file's), the
 measured peak of each setup beside its weights, gradients and Adam moments.
@@ -27,6 +28,7 @@ import torch
 __all__ = [
     "load_metrics", "load_summary", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
     "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs",
+    "plot_critic", "plot_advantage_variance", "plot_critic_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
     "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory",
 ]
@@ -287,6 +289,83 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
     plt.close(fig)
     paths.append(out_dir / "advantages.png")
     return paths
+
+
+# ---- PPO's critic, for notebook 06 (metric names of ppo_trainer.train_ppo) -------------------------------------
+def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
+    """The critic of one or more PPO runs, as two panels (one colour per run):
+
+    left, "does the critic keep up?": the batch's mean reward (solid) and the critic's mean prediction of it,
+    V(s_0) at the first completion token, made before the update (dashed). A dashed line under the solid one is
+    a critic lagging a policy that improves. Right, its error: mean squared error of V(s_0) against each
+    completion's reward (solid), and that of GRPO's baseline on the same batch, each completion's group mean
+    (dotted; `adv_var/grpo_unscaled`). Neither can go below the rewards' own noise within a prompt.
+    """
+    axes = axes if axes is not None else plt.subplots(1, 2, figsize=(13, 3.8))[1]
+    lag_ax, err_ax = axes
+    for i, (label, metrics) in enumerate(runs.items()):
+        for ax, key, style, part in ((lag_ax, "reward", "-", "mean reward"),
+                                     (lag_ax, "value/v0_mean", "--", "critic V(s_0)"),
+                                     (err_ax, "value/v0_mse", "-", "critic V(s_0)"),
+                                     (err_ax, "adv_var/grpo_unscaled", ":", "group mean (GRPO's baseline)")):
+            xs, values = _series(metrics, key)
+            if xs:
+                ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
+    lag_ax.set_ylabel("reward (0 = wrong, 1 = right)")
+    lag_ax.set_title("does the critic keep up? mean reward vs its prediction V(s_0)")
+    err_ax.set_ylabel("mean squared error (reward$^2$)")
+    err_ax.set_title("error of the baseline, measured before the update")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    return axes
+
+
+ADVANTAGE_VARIANCES = (  # (metric of train_ppo, label, style) for plot_advantage_variance, all on the same batch
+    ("adv_var/reward", "no baseline: R", dict(color="k", ls="--", lw=2.5, alpha=0.5)),
+    ("adv_var/grpo_unscaled", "group baseline: R - mean(group)", dict(color="C1")),
+    ("adv_var/gae_t0", "GAE, first token: A_0", dict(color="C2")),
+    ("adv_var/gae_tokens", "GAE, all tokens: A_t", dict(color="C3")),
+    ("adv_var/grpo", "GRPO z-score (R - mean) / std, other units", dict(color="C4", ls=":")),
+)
+
+
+def plot_advantage_variance(metrics: list[dict], *, ax=None, window: int = 3, title: str | None = None):
+    """Variance over the batch of each advantage estimator, computed on the same PPO batch at every step.
+
+    The first four are in reward units (before PPO's whitening); no baseline is drawn wide and faint, so a line
+    on top of it stays visible. GRPO's z-score (dotted) is scaled to std 1 in every group that has a signal, so
+    its level says how many groups have one, not how noisy it is.
+    """
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    for key, label, style in ADVANTAGE_VARIANCES:
+        xs, values = _series(metrics, key)
+        if xs:
+            ax.plot(xs, smooth(values, window), label=label, **style)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel("variance over the batch (reward$^2$)")
+    ax.set_title(title or "advantage variance per estimator, same samples")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return ax
+
+
+def plot_critic_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 3) -> Path:
+    """Write out_dir/critic.png for PPO runs: `plot_critic` and each run's `plot_advantage_variance`."""
+    runs = {Path(d).name: load_metrics(d) for d in run_dirs}
+    fig, axes = plt.subplots(1, 2 + len(runs), figsize=(6.5 * (2 + len(runs)), 3.8), squeeze=False)
+    plot_critic(runs, axes=axes[0][:2], window=window)
+    for ax, (label, metrics) in zip(axes[0][2:], runs.items()):
+        plot_advantage_variance(metrics, ax=ax, window=window, title=f"advantage variance — {label}")
+    fig.tight_layout()
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    fig.savefig(Path(out_dir) / "critic.png", dpi=100)
+    plt.close(fig)
+    return Path(out_dir) / "critic.png"
 
 
 # ---- the math, for notebooks 01 and 02 ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ GRPO estimates each completion's baseline from its group: A_i = (r_i - mean(r)) 
 a value network V_phi(s_t) predicts, at every completion token, the return still to come, and the advantage of
 token t is Generalised Advantage Estimation (Schulman et al. 2016, "GAE", eq. 16) over the completion:
 
-    r_t      = R (the completion's reward) on its last token, 0 before it; minus beta (log pi - log pi_ref)_t
+    r_t      = R (the completion's reward) on its last token, 0 before it; minus kl_coef (log pi - log pi_ref)_t
                on every token when a reference policy is given (the KL penalty in the reward, InstructGPT eq. 2)
     delta_t  = r_t + gamma V(s_{t+1}) - V(s_t)            V(s_{T_i}) = 0 after the last token
     A_t      = sum_l (gamma lam)^l delta_{t+l}           returns_t = A_t + V(s_t)
@@ -18,26 +18,38 @@ The value network is "the same size as the policy": a copy of the policy's trans
 with a scalar head in place of the vocabulary head, initialised from the policy as is common in RLHF. Its
 weights, gradients and Adam moments are what GRPO saves (`minigrpo memory` measures how much).
 
-What this file simplifies, on purpose: one process; the policy and the critic share one optimizer and one
-backward pass (separate losses, summed); rewards are not whitened; names and defaults follow TRL's PPOConfig
-(gamma 1.0, lam 0.95, cliprange 0.2, cliprange_value 0.2, vf_coef 0.1). Sampling is the caller's
-(`rollout.sample_completions`), so a notebook can run GRPO and PPO on the same rollouts.
+In code: `ppo_targets` fixes everything before the update (old log-probs, V_old, GAE, returns, and
+`critic_diagnostics`: the critic's error on the batch it has not trained on yet), `ppo_update` takes the optimizer
+steps, and `ppo_step` is the two in a row. The loop around them is `ppo_trainer.train_ppo`.
+
+What this file simplifies, on purpose: one process; the policy and the critic share one optimizer (param groups
+may give them different learning rates) and one backward pass (separate losses, summed); rewards are not
+whitened (advantages are, optionally). The functions' defaults are TRL's PPOConfig's (gamma 1.0, lam 0.95,
+cliprange 0.2, cliprange_value 0.2, vf_coef 0.1, kl_coef 0.05); `ppo_trainer.PPOConfig` chooses its own for
+think_addition and says why. Sampling is the caller's, so a notebook can run GRPO and PPO on the same rollouts.
 """
 
+import contextlib
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .logprobs import completion_logprobs
+from .logprobs import completion_logprobs, length_chunks
 from .objectives import policy_loss
 from .objectives.common import masked_mean
 
-__all__ = ["ValueModel", "completion_values", "terminal_rewards", "gae", "whiten", "value_loss", "ppo_step"]
+__all__ = ["ValueModel", "completion_values", "terminal_rewards", "gae", "whiten", "value_loss", "critic_diagnostics",
+           "ppo_targets", "ppo_update", "ppo_step"]
 
 
 class ValueModel(nn.Module):
-    """V_phi(s): the policy's transformer, copied, with a scalar head on its last hidden state."""
+    """V_phi(s): the policy's transformer, copied, with a scalar head on its last hidden state.
+
+    The head starts at zero, so V = 0 everywhere until the critic has trained. A LoRA policy (peft) is copied with
+    its adapter: the critic then trains its own adapter and its head, and its copy of the base stays frozen.
+    """
 
     def __init__(self, policy):
         super().__init__()
@@ -55,14 +67,26 @@ def completion_values(value_model, prompt_ids, prompt_mask, completion_ids, comp
     """V(s_t) for every completion position t: the value of the state *before* token t is chosen, (B, T).
 
     Same alignment as `completion_logprobs`: the hidden state at position P + t - 1 (the last prompt token for
-    t = 0) has seen q and o_<t, which is the state in which o_t is chosen.
+    t = 0) has seen q and o_<t, which is the state in which o_t is chosen. Also as there, rows run in chunks of
+    similar length, each trimmed to its own longest prompt and completion (`logprobs.length_chunks`), so padding
+    costs no compute; positions outside the completion mask come back as 0.
     """
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
-    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    T = completion_ids.shape[1]
-    values = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)  # (B, P+T)
-    return values[:, -T - 1:-1].float()  # (B, T)
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    prompt_lengths = (prompt_mask.ne(0) * torch.arange(P, 0, -1, device=prompt_mask.device)).amax(1).tolist()
+    completion_lengths = (completion_mask.ne(0) * torch.arange(1, T + 1, device=prompt_mask.device)).amax(1).tolist()
+    order, parts = [], []
+    for rows in length_chunks(prompt_lengths, completion_lengths):
+        p, t = max(max(prompt_lengths[i] for i in rows), 1), max(max(completion_lengths[i] for i in rows), 1)
+        idx = torch.tensor(rows, device=prompt_ids.device)
+        input_ids = torch.cat([prompt_ids[idx, P - p:], completion_ids[idx, :t]], dim=1)  # (b, p + t)
+        mask = completion_mask[idx, :t]
+        attention_mask = torch.cat([prompt_mask[idx, P - p:], mask.to(prompt_mask.dtype)], dim=1)
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
+        values = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)  # (b, p+t)
+        parts.append(F.pad(values[:, -t - 1:-1].float() * mask, (0, T - t)))
+        order += rows
+    inverse = torch.tensor(order, device=prompt_ids.device).argsort()  # back to the caller's row order
+    return torch.cat(parts)[inverse]  # (B, T)
 
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -115,57 +139,112 @@ def value_loss(values, old_values, returns, mask, cliprange_value: float = 0.2) 
     return loss, stats
 
 
-def ppo_step(
-    policy,
-    value_model,
-    optimizer,
-    batch: dict,
-    rewards: torch.Tensor,
-    *,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.05,
-    gamma: float = 1.0,
-    lam: float = 0.95,
-    cliprange: float = 0.2,
-    cliprange_value: float = 0.2,
-    vf_coef: float = 0.1,
-    num_ppo_epochs: int = 1,
-    num_mini_batches: int = 1,
-    temperature: float = 1.0,
-    max_grad_norm: float = 1.0,
-) -> dict[str, float]:
-    """One PPO update on a batch of sampled completions: num_ppo_epochs x num_mini_batches optimizer steps.
+def critic_diagnostics(old_values, raw_adv, returns, rewards, mask) -> dict[str, float]:
+    """How good the critic is, measured on a batch *before* it trains on it (so: on completions it has not seen).
+
+    old_values, raw_adv, returns, mask: (B, T); rewards: (B,). The first completion token's value V(s_0) is the
+    critic's prediction of the whole completion's reward R, made from the prompt alone:
+
+        value/v0_mse    mean_i (V_i(s_0) - R_i)^2     its error; >= the reward's own noise, p(1 - p) per prompt
+        value/v0_bias   mean_i (V_i(s_0) - R_i)       < 0: the critic expects less than the policy now earns (lag)
+        value/v0_mean   mean_i V_i(s_0)               to draw against the batch's mean reward
+        value/explained_variance   1 - Var(returns - V) / Var(returns), over tokens (1 = perfect, 0 = a constant)
+        adv_var/gae_t0      Var_i A_i(s_0)            the raw GAE advantage of each completion's first token
+        adv_var/gae_tokens  Var over all real tokens of the raw GAE advantage A_t
+    Variances are over the batch (population, 1/N), before whitening.
+    """
+    v0, a0, real = old_values[:, 0], raw_adv[:, 0], mask.bool()
+    error = v0 - rewards.float()
+    residual, target = (returns - old_values)[real], returns[real]
+    explained = 1 - residual.var(unbiased=False) / target.var(unbiased=False).clamp(min=1e-8)
+    return {
+        "value/v0_mse": error.pow(2).mean().item(), "value/v0_bias": error.mean().item(),
+        "value/v0_mean": v0.mean().item(), "value/explained_variance": explained.item(),
+        "adv_var/gae_t0": a0.var(unbiased=False).item(), "adv_var/gae_tokens": raw_adv[real].var(unbiased=False).item(),
+    }
+
+
+@torch.no_grad()
+def ppo_targets(policy, value_model, batch: dict, rewards: torch.Tensor, *, ref_logp: torch.Tensor | None = None,
+                kl_coef: float = 0.0, gamma: float = 1.0, lam: float = 0.95, whiten_advantages: bool = True,
+                temperature: float = 1.0, need_old_logp: bool = True) -> dict:
+    """Everything PPO fixes before it updates: old log-probs and values, per-token rewards, GAE, returns.
 
     batch: prompt_ids, prompt_mask (B, P) and completion_ids, completion_mask (B, T), as `Rollout` has them.
-    rewards: (B,) one scalar per completion. ref_logp: (B, T) log pi_ref, for the KL penalty in the reward.
-    optimizer: over the policy's and the value model's trainable parameters. Returns the last mini-batch's
-    stats plus the batch's mean advantage (before whitening) and return.
+    rewards: (B,) one finite scalar per completion. ref_logp: (B, T) log pi_ref, for the KL penalty in the reward.
+    need_old_logp=False (one epoch, one mini-batch: the update is on-policy) skips the policy's forward pass here;
+    the update then uses logp.detach() as old_logp, like trainer.py, and the ratio is exactly 1 in value.
+    Returns {old_logp (or None), old_values, raw_adv, adv, returns} (all (B, T)) and "stats", critic_diagnostics.
+    """
+    if not torch.isfinite(rewards).all():
+        bad = int((~rewards.isfinite()).sum())
+        raise ValueError(f"rewards: PPO needs a finite reward for every completion, got {bad} NaN/inf "
+                         "(an unscorable completion?)")
+    ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+    mask = ids[3].float()
+    with_kl = ref_logp is not None and kl_coef > 0  # the KL penalty needs log pi_old even when the update does not
+    old_logp = completion_logprobs(policy, *ids, temperature=temperature)[0] if need_old_logp or with_kl else None
+    old_values = completion_values(value_model, *ids)  # (B, T), V(s_t) before the update
+    token_rewards = terminal_rewards(rewards, mask)  # (B, T)
+    if with_kl:
+        token_rewards = token_rewards - kl_coef * (old_logp - ref_logp) * mask  # k1 KL in the reward
+    raw_adv, returns = gae(token_rewards, old_values, mask, gamma, lam)  # (B, T) each
+    adv = whiten(raw_adv, mask) if whiten_advantages else raw_adv  # whitened: mean 0, std 1 over the batch's tokens
+    stats = critic_diagnostics(old_values, raw_adv, returns, rewards, mask)
+    return {"old_logp": old_logp if need_old_logp else None, "old_values": old_values, "raw_adv": raw_adv, "adv": adv,
+            "returns": returns, "stats": stats}
+
+
+def ppo_update(policy, value_model, optimizer, batch: dict, targets: dict, *, cliprange: float = 0.2,
+               cliprange_value: float = 0.2, vf_coef: float = 0.1, num_ppo_epochs: int = 1, num_mini_batches: int = 1,
+               temperature: float = 1.0, max_grad_norm: float = 1.0, autocast=contextlib.nullcontext) -> list[dict]:
+    """num_ppo_epochs x num_mini_batches optimizer steps on `targets` (from ppo_targets). One stats dict per step.
+
+    loss = pg_loss + vf_coef * vf_loss; one optimizer over both networks (its param groups may give the critic
+    its own learning rate), one gradient clip over both, as TRL does.
     """
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     mask = ids[3].float()
-    with torch.no_grad():
-        old_logp, _ = completion_logprobs(policy, *ids, temperature=temperature)  # (B, T)
-        old_values = completion_values(value_model, *ids)  # (B, T)
-        token_rewards = terminal_rewards(rewards, mask)
-        if ref_logp is not None:
-            token_rewards = token_rewards - kl_coef * (old_logp - ref_logp) * mask  # k1 KL in the reward
-        raw_adv, returns = gae(token_rewards, old_values, mask, gamma, lam)
-        adv = whiten(raw_adv, mask)  # (B, T), mean 0 and std 1 over the batch's tokens
-
+    old_logp, old_values, adv, returns = (targets[k] for k in ("old_logp", "old_values", "adv", "returns"))
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    B = mask.shape[0]
+    B, history = mask.shape[0], []
     for _ in range(num_ppo_epochs):
         for mb in torch.randperm(B).split(max(1, B // num_mini_batches)):
             mb_ids = [t[mb] for t in ids]
-            logp, _ = completion_logprobs(policy, *mb_ids, temperature=temperature)
-            values = completion_values(value_model, *mb_ids)
-            pg_loss, stats = policy_loss(logp, old_logp[mb], adv[mb], mask[mb], loss_type="bnpo", epsilon=cliprange)
+            with autocast():
+                logp, entropy = completion_logprobs(policy, *mb_ids, temperature=temperature, with_entropy=True)
+                values = completion_values(value_model, *mb_ids)  # (b, T)
+            mb_old_logp = logp.detach() if old_logp is None else old_logp[mb]
+            pg_loss, stats = policy_loss(logp, mb_old_logp, adv[mb], mask[mb], loss_type="bnpo", epsilon=cliprange)
             vf_loss, vf_stats = value_loss(values, old_values[mb], returns[mb], mask[mb], cliprange_value)
             loss = pg_loss + vf_coef * vf_loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"PPO: the loss is {loss.item()} (pg {pg_loss.item()}, vf {vf_loss.item()}) — "
+                                         "stopping before the weights are")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).item()
             optimizer.step()
-    stats.update(vf_stats, pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), loss=loss.item(), grad_norm=grad_norm,
-                 advantages_mean=masked_mean(raw_adv, mask).item(), returns_mean=masked_mean(returns, mask).item())
-    return stats
+            stats.update(vf_stats, pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), loss=loss.item(),
+                         grad_norm=grad_norm, entropy=masked_mean(entropy, mask[mb]).item())
+            history.append(stats)
+    return history
+
+
+def ppo_step(policy, value_model, optimizer, batch: dict, rewards: torch.Tensor, *, ref_logp=None,
+             kl_coef: float = 0.05, gamma: float = 1.0, lam: float = 0.95, cliprange: float = 0.2,
+             cliprange_value: float = 0.2, vf_coef: float = 0.1, num_ppo_epochs: int = 1, num_mini_batches: int = 1,
+             temperature: float = 1.0, max_grad_norm: float = 1.0, whiten_advantages: bool = True) -> dict[str, float]:
+    """One PPO update on a batch of sampled completions: `ppo_targets`, then `ppo_update`.
+
+    Returns the last mini-batch's stats, the critic's diagnostics (measured before the update) and the batch's
+    mean advantage (before whitening) and return. ppo_trainer.train_ppo is the loop around it.
+    """
+    targets = ppo_targets(policy, value_model, batch, rewards, ref_logp=ref_logp, kl_coef=kl_coef, gamma=gamma, lam=lam,
+                          whiten_advantages=whiten_advantages, temperature=temperature)
+    history = ppo_update(policy, value_model, optimizer, batch, targets, cliprange=cliprange,
+                         cliprange_value=cliprange_value, vf_coef=vf_coef, num_ppo_epochs=num_ppo_epochs,
+                         num_mini_batches=num_mini_batches, temperature=temperature, max_grad_norm=max_grad_norm)
+    mask = batch["completion_mask"].float()
+    return {**history[-1], **targets["stats"], "advantages_mean": masked_mean(targets["raw_adv"], mask).item(),
+            "returns_mean": masked_mean(targets["returns"], mask).item()}

@@ -1,10 +1,11 @@
-"""Rebuild the reference runs that the notebooks plot: notebook 03's GRPO, random-reward and SFT runs, and
-notebook 04's six variants (GRPO, Dr. GRPO, DAPO, GSPO, GMPO, RLOO).
+"""Rebuild the reference runs that the notebooks plot: notebook 03's GRPO, random-reward and SFT runs,
+notebook 04's six variants (GRPO, Dr. GRPO, DAPO, GSPO, GMPO, RLOO) and notebook 06's GRPO vs PPO with a critic.
 
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py                  # notebook 03: all three, a few minutes
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --only sft       # one of them (sft reads grpo's wall time)
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04    # the six variants, 40 steps each
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04 --only gspo gmpo
+    OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 06    # GRPO, PPO, PPO with a slow critic
 
 The shipped runs were made with OMP_NUM_THREADS=1 on a 2-core CPU shared with other jobs: one torch thread per
 process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py). Notebook 04's
@@ -12,9 +13,13 @@ six were made as two processes side by side (`--only grpo dr_grpo dapo` and `--o
 Notebook 04's shipped runs date from commit ba4cc0e, when rollouts used HF `generate`; notebook 03's were
 remade with rollout.py's decode loop (same distribution, different random draws).
 
+Notebook 06's three were made as three processes side by side (`--only grpo`, `--only ppo`, `--only
+ppo_critic_lr_1e-4`), so that they saw the same load on the shared CPU and their step times compare.
+
 Each run is trained from the shipped think_addition warm start with the settings below (notebook 03: the same
 as its full lesson; notebook 04: its full lesson's live runs are the first 10 of these 40 steps), then its small
-files are copied to data/reference_runs/<name>/ (notebook 04: data/reference_runs/variants/<name>/):
+files are copied to data/reference_runs/<name>/ (notebook 04: data/reference_runs/variants/<name>/; notebook 06:
+data/reference_runs/ppo_vs_grpo/<name>/):
 
     metrics.jsonl    one line per step (advantages included: 128 numbers per step, for the histograms)
     summary.json     greedy accuracy before / after on the first 200 test problems, wall time, ...
@@ -35,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 from minigrpo.config import Config  # noqa: E402
+from minigrpo.ppo_trainer import PPOConfig, train_ppo  # noqa: E402
 from minigrpo.sft import train_sft  # noqa: E402
 from minigrpo.tasks import DATA_DIR, get_task  # noqa: E402
 from minigrpo.trainer import train  # noqa: E402
@@ -67,7 +73,15 @@ VARIANTS = {
     "gmpo": dict(loss_type="gmpo"),  # log-space clip gmpo_epsilon = 0.4 (the paper's)
     "rloo": dict(loss_type="grpo", advantage_estimator="rloo"),
 }
-NOTEBOOK_RUNS = {"03": ["grpo", "random_reward", "sft"], "04": list(VARIANTS)}
+
+# Notebook 06: GRPO and PPO with a critic on the same budget: Config's defaults (16 prompts x G = 8 completions a
+# step, lr 1e-4, one optimizer step per batch, no KL), seed 0, 50 steps, greedy accuracy on the first 200 test
+# problems every 5 steps. PPO: PPOConfig's defaults (critic lr 1e-3, lam 1); the third run gives the critic the
+# policy's learning rate, 1e-4 (TRL's default), to show a critic that lags.
+PPO_VS_GRPO_BASE = dict(task="think_addition", max_steps=50, eval_steps=5, eval_num_problems=200, eval_limit=200,
+                        eval_num_samples=0, save_model=False, seed=0)
+PPO_VS_GRPO = {"grpo": None, "ppo": PPOConfig(), "ppo_critic_lr_1e-4": PPOConfig(critic_learning_rate=None)}
+NOTEBOOK_RUNS = {"03": ["grpo", "random_reward", "sft"], "04": list(VARIANTS), "06": list(PPO_VS_GRPO)}
 
 
 def think_completion(row, rng):
@@ -102,7 +116,12 @@ def main():
         for name in names:
             run_dir = Path(tmp) / name
             target = REFERENCE_DIR / name
-            if args.notebook == "04":
+            if args.notebook == "06":
+                cfg = Config(output_dir=str(run_dir), **PPO_VS_GRPO_BASE)
+                ppo = PPO_VS_GRPO[name]
+                summary = train(cfg, progress=False) if ppo is None else train_ppo(cfg, ppo, progress=False)
+                target = REFERENCE_DIR / "ppo_vs_grpo" / name
+            elif args.notebook == "04":
                 summary = train(variant_config(name, run_dir), progress=False)
                 target = REFERENCE_DIR / "variants" / name
             elif name == "sft":

@@ -126,3 +126,34 @@ def test_plot_memory_draws_measured_bars_above_the_baseline_and_stacks_the_estim
     assert "50% of PPO" in ax.texts[0].get_text() and "RSS" in ax.get_ylabel() and ax.get_legend() is not None
     cuda = plot_memory(results, "cuda")  # on a GPU the peak allocated is the figure, no baseline subtracted
     assert [b.get_height() for b in cuda.containers[0]] == [500, 600] and "CUDA" in cuda.get_ylabel()
+
+
+PPO_METRICS = [  # two logged steps of ppo_trainer.train_ppo, the keys the critic plots read
+    {"step": s, "reward": r, "value/v0_mean": v, "value/v0_mse": e, "adv_var/reward": 0.25,
+     "adv_var/grpo_unscaled": 0.12, "adv_var/gae_t0": 0.02, "adv_var/gae_tokens": 0.08, "adv_var/grpo": 0.6}
+    for s, r, v, e in ((1, 0.4, 0.0, 0.4), (2, 0.6, 0.3, 0.3))
+]
+
+
+def test_critic_plot_draws_reward_and_prediction_left_and_two_errors_right():
+    from minigrpo.plots import plot_critic
+
+    lag_ax, err_ax = plot_critic({"a": PPO_METRICS, "b": PPO_METRICS}, window=1)
+    assert [line.get_ydata().tolist() for line in lag_ax.lines[:2]] == [[0.4, 0.6], [0.0, 0.3]]
+    assert len(lag_ax.lines) == len(err_ax.lines) == 4  # two per run
+    assert err_ax.lines[0].get_ydata().tolist() == [0.4, 0.3] and err_ax.lines[1].get_linestyle() == ":"
+    assert all(ax.get_xlabel() == "step" and ax.get_ylabel() and ax.get_title() for ax in (lag_ax, err_ax))
+    assert "a: critic V(s_0)" in [t.get_text() for t in lag_ax.get_legend().get_texts()]
+
+
+def test_advantage_variance_draws_one_line_per_estimator_from_zero(tmp_path):
+    import json
+
+    from minigrpo.plots import plot_advantage_variance, plot_critic_runs
+
+    ax = plot_advantage_variance(PPO_METRICS, window=1)
+    assert len(ax.lines) == 5 and ax.get_ylim()[0] == 0 and ax.get_ylabel().startswith("variance")
+    assert ax.lines[2].get_ydata().tolist() == [0.02, 0.02]
+    (tmp_path / "ppo").mkdir()
+    (tmp_path / "ppo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in PPO_METRICS))
+    assert plot_critic_runs([tmp_path / "ppo"], tmp_path / "plots").exists()

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from minigrpo.models import load_model
-from minigrpo.ppo_critic import ValueModel, completion_values, gae, ppo_step, terminal_rewards, value_loss, whiten
+from minigrpo.ppo_critic import (ValueModel, completion_values, critic_diagnostics, gae, ppo_step, ppo_targets,
+                                 terminal_rewards, value_loss, whiten)
 
 
 def test_terminal_rewards_sit_on_the_last_real_token():
@@ -24,6 +25,33 @@ def test_gae_by_hand():
     # lam = 0: one-step TD errors, A_t = r_t + V_{t+1} - V_t, with V = 0 after the last token.
     adv, _ = gae(token_rewards, values, mask, gamma=1.0, lam=0.0)
     assert torch.allclose(adv, torch.tensor([[-0.3, -0.1, 0.9], [0.1, -0.4, 0.0]]))
+
+
+def test_gae_with_a_zero_critic_and_lam_1_gives_every_token_the_reward():
+    """gamma = lam = 1, V = 0: A_t = R for every real token — PPO's advantage is REINFORCE's without a baseline."""
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    rewards = torch.tensor([1.0, 0.0, 0.5])
+    adv, returns = gae(terminal_rewards(rewards, mask), torch.zeros_like(mask), mask, gamma=1.0, lam=1.0)
+    assert torch.equal(adv, rewards[:, None] * mask) and torch.equal(returns, rewards[:, None] * mask)
+    # lam = 0.95 with the same zero critic: token t gets lam^(T-1-t) R, so the first token of a 30-token
+    # completion sees 0.95^29 = 23% of its reward until the critic learns to carry it.
+    adv, _ = gae(terminal_rewards(rewards, mask), torch.zeros_like(mask), mask, gamma=1.0, lam=0.95)
+    assert torch.allclose(adv[0], 0.95 ** torch.tensor([3.0, 2.0, 1.0, 0.0]))
+
+
+def test_critic_diagnostics_by_hand():
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    old_values = torch.tensor([[0.25, 0.5], [0.75, 9.0]])  # V(s_0) = 0.25 and 0.75
+    rewards = torch.tensor([1.0, 0.0])
+    raw_adv, returns = gae(terminal_rewards(rewards, mask), old_values * mask, mask, gamma=1.0, lam=1.0)
+    stats = critic_diagnostics(old_values, raw_adv, returns, rewards, mask)
+    assert stats["value/v0_mse"] == pytest.approx((0.75**2 + 0.75**2) / 2)  # errors -0.75 and +0.75
+    assert stats["value/v0_bias"] == pytest.approx(0.0) and stats["value/v0_mean"] == pytest.approx(0.5)
+    assert stats["adv_var/gae_t0"] == pytest.approx(0.75**2)  # A_0 = R - V(s_0) = +0.75, -0.75
+    # returns over real tokens (1, 1, 0), residuals R - V = (0.75, 0.5, -0.75): 1 - Var(res) / Var(returns)
+    res, ret = torch.tensor([0.75, 0.5, -0.75]), torch.tensor([1.0, 1.0, 0.0])
+    expected = 1 - res.var(unbiased=False) / ret.var(unbiased=False)
+    assert stats["value/explained_variance"] == pytest.approx(expected.item())
 
 
 def test_gae_equals_the_discounted_sum_of_td_errors():
@@ -95,3 +123,25 @@ def test_kl_penalty_in_the_reward_changes_the_advantages(random_model_dir):
     plain = ppo_step(policy, critic, optimizer, batch, rewards)
     penalised = ppo_step(policy, critic, optimizer, batch, rewards, ref_logp=ref_logp, kl_coef=0.1)
     assert penalised["returns_mean"] != pytest.approx(plain["returns_mean"])
+
+
+def test_ppo_targets_refuse_nan_rewards(random_model_dir):
+    policy = load_model(random_model_dir)
+    batch, rewards = fixed_batch(policy.config.vocab_size)
+    rewards[2] = float("nan")
+    with pytest.raises(ValueError, match="^rewards: PPO needs a finite reward for every completion, got 1 NaN"):
+        ppo_targets(policy, ValueModel(policy), batch, rewards)
+
+
+def test_completion_values_match_one_padded_forward(random_model_dir):
+    """Length chunks (padding trimmed) give the values of the plain padded batch, and 0 on padding."""
+    policy = load_model(random_model_dir)
+    critic = ValueModel(policy)
+    torch.nn.init.normal_(critic.value_head.weight)  # a non-zero head, so the values say something
+    batch, _ = fixed_batch(policy.config.vocab_size)
+    batch["prompt_mask"][:3, :2] = 0  # left padding on some prompts
+    ids, mask = list(batch.values()), batch["completion_mask"]
+    input_ids = torch.cat([ids[0], ids[2]], dim=1)
+    attention_mask = torch.cat([ids[1], mask.long()], dim=1)
+    padded = critic(input_ids, attention_mask, (attention_mask.cumsum(1) - 1).clamp(min=0))[:, -mask.shape[1] - 1:-1]
+    assert torch.allclose(completion_values(critic, *ids), padded * mask, atol=1e-5)

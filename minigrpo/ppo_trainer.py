@@ -1,0 +1,287 @@
+"""The PPO-with-a-critic training loop: trainer.train's loop with GRPO's group baseline replaced by a value network.
+
+    for each step:
+        sample    G completions for each of (generation_batch_size / G) prompts      trainer.collect_batch
+        score     every completion with every reward function                          rewards.py, tasks/
+        targets   V(s_t) of the critic, GAE advantages A_t and returns, per token     ppo_critic.ppo_targets
+        optimise  num_ppo_epochs x num_mini_batches steps of pg_loss + vf_coef vf_loss  ppo_critic.ppo_update
+        log       one JSON line of metrics: GRPO's names, plus the critic's              metrics.jsonl
+
+It is built for one comparison (notebook 06): the same task, model, sampler, rollout, rewards, learning rate and
+evaluation as `trainer.train`, so that a GRPO run and a PPO run differ only in where the baseline comes from.
+Prompts are still sampled G at a time, which PPO does not need, so that GRPO's group-relative advantage can be
+computed on the very same batch and its variance logged beside GAE's (`adv_var/*`).
+
+metrics.jsonl has trainer.train's names (reward, accuracy, eval/accuracy_greedy, completion_length_*, entropy,
+clip_ratio/*, grad_norm, step_seconds, ...; `advantages` holds PPO's raw GAE advantage of each completion's first
+token) plus, all measured on the step's batch:
+    pg_loss, vf_loss, vf_clipfrac, value_mean      the two losses and the critic's clipping (ppo_critic.value_loss)
+    value/v0_mse, value/v0_bias, value/v0_mean     the critic's prediction V(s_0) of each completion's reward, made
+    value/explained_variance                       before the update, against the reward (critic_diagnostics)
+    adv_var/gae_t0, adv_var/gae_tokens             variance over the batch of GAE's A_0, and of A_t over all tokens
+    adv_var/grpo, adv_var/grpo_unscaled            ... of GRPO's group z-score, and of R - mean(group)
+    adv_var/reward                                 ... of R itself (no baseline); grpo_advantages: GRPO's, per row
+
+Settings: every field of `Config` that means the same thing (task, seed, max_steps, generation_batch_size,
+num_generations, temperature, learning_rate, lr_scheduler_type, max_grad_norm, eval_*, output_dir, ...), plus a
+`PPOConfig` for what only PPO has, with TRL's PPOConfig names. GRPO's objective fields (loss_type, epsilon_high,
+beta, scale_rewards, ...) do not apply; `epsilon` is PPO's cliprange.
+
+What this loop simplifies, on purpose:
+  * One process, one device, one optimizer over policy and critic (the critic in its own param group, with its own
+    learning rate), one backward pass of the summed loss; no checkpoints or resuming.
+  * The KL penalty (kl_coef > 0) is folded into the per-token reward against a frozen copy of the starting policy,
+    as in InstructGPT. Default 0: GRPO's default here is beta = 0, and the comparison should differ in one thing.
+  * Completions that no reward function can score are an error, not a zero-advantage row as in GRPO: a critic
+    needs a return to regress on.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_type_hints
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from .advantages import group_advantages
+from .config import Config, ConfigError, _coerce
+from .engines import make_engine
+from .evaluate import evaluate
+from .logprobs import completion_logprobs
+from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
+                     save_policy)
+from .ppo_critic import ValueModel, ppo_targets, ppo_update
+from .rewards import RewardError
+from .tasks import get_task
+from .trainer import PromptSampler, build_reward_funcs, collect_batch, gather_batch, step_metrics
+
+__all__ = ["PPOConfig", "train_ppo"]
+
+
+@dataclass
+class PPOConfig:
+    """What PPO has and GRPO does not, with TRL's PPOConfig names. The defaults were chosen on think_addition.
+
+    Tried briefly (30 steps, seed 0, greedy accuracy on 200 test problems at step 30; GRPO reached 73.5% there):
+    lam 0.95 gave 70.5% (critic lr 1e-4) and 72.0% (1e-3), lam 1 gave 73.0% (1e-4) and 79.0% (1e-3). All four
+    learn; one seed cannot rank them (a difference of two runs has a standard error of ~4.5 points). So the
+    choices follow reasons:
+
+    * lam = 1 (TRL: 0.95). The reward sits on the last token and gamma = 1, so with lam = 1 token t's advantage is
+      R - V(s_t). With lam = 0.95 and a critic that knows nothing yet (V = 0), token t gets lam^(T-1-t) R: the
+      first token of a 30-token completion, where this policy decides whether to think, sees 0.95^29 = 23% of it.
+      VC-PPO (Yuan et al. 2025) calls this reward signal decay and trains its critic with lam = 1 for it.
+    * critic_learning_rate = 1e-3 (TRL: the policy's, here 1e-4). The zero-initialised head starts at V = 0 while
+      the reward is ~0.3; at 1e-4 its V(s_0) stays 0.3-0.4 below the batch's mean reward for ~15 steps (a lagging
+      critic, `value/v0_bias`), at 1e-3 it is within ~0.1 after 5 steps. Accuracy hardly differs: whitening
+      subtracts the batch's mean advantage, so a critic that is off by a constant costs little.
+    * vf_coef = 0.1 (TRL's). With the critic in its own Adam param group its size matters only through the shared
+      gradient clip: Adam undoes a constant scale of the gradient.
+    * kl_coef = 0 (TRL: 0.05) and num_ppo_epochs = 1 (TRL: 4): GRPO's beta = 0 and its one optimizer step per
+      batch, so that the two runs have the same budget and differ in the baseline only.
+    """
+
+    vf_coef: float = 0.1  # weight of the value loss in the summed loss
+    gamma: float = 1.0  # discount per token; 1 = the completion's reward counts in full at every token
+    lam: float = 1.0  # GAE's lambda: 1 = Monte Carlo, A_t = R - V(s_t); 0 = one-step TD errors (TRL: 0.95)
+    cliprange_value: float = 0.2  # the critic may move at most this far from V_old per batch (PPO2)
+    kl_coef: float = 0.0  # KL penalty in the reward against the starting policy (0 = no reference model)
+    whiten_advantages: bool = True  # A_t -> (A_t - mean) / std over the batch's tokens (TRL always does)
+    critic_learning_rate: float | None = 1e-3  # None = the policy's learning_rate
+    num_ppo_epochs: int = 1  # passes over each batch
+    num_mini_batches: int = 1  # optimizer steps per pass
+
+    def __post_init__(self):
+        for key in ("gamma", "lam"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"{key}: must be in [0, 1], got {getattr(self, key)!r}")
+        for key in ("vf_coef", "kl_coef"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
+                raise ConfigError(f"{key}: must be a finite number >= 0, got {getattr(self, key)!r}")
+        if not (math.isfinite(self.cliprange_value) and self.cliprange_value > 0):
+            raise ConfigError(f"cliprange_value: must be > 0, got {self.cliprange_value!r}")
+        if self.critic_learning_rate is not None and not (math.isfinite(self.critic_learning_rate)
+                                                          and self.critic_learning_rate > 0):
+            raise ConfigError(f"critic_learning_rate: must be > 0 (or None), got {self.critic_learning_rate!r}")
+        for key in ("num_ppo_epochs", "num_mini_batches"):
+            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
+                raise ConfigError(f"{key}: must be an integer >= 1, got {getattr(self, key)!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_flags(cls, values: dict) -> "PPOConfig":
+        """From {field: value} with values as strings (command-line flags) or of the field's type."""
+        hints = get_type_hints(cls)
+        return cls(**{key: _coerce(key, value, hints[key]) for key, value in values.items()})
+
+
+def _check(cfg: Config, ppo: PPOConfig) -> None:
+    """One-line errors for the Config settings this loop does not honour, rather than silently ignoring them."""
+    unsupported = {"resume_from_checkpoint": None, "save_steps": 0, "dynamic_sampling": False, "beta": 0.0,
+                   "mask_truncated_completions": False, "load_in_4bit": False}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("train_ppo: one process only (several processes: minigrpo train, the GRPO family)")
+    for key, default in unsupported.items():
+        if getattr(cfg, key) != default:
+            raise ConfigError(f"{key}: not supported by train_ppo (PPO's KL coefficient is PPOConfig.kl_coef)"
+                              if key == "beta" else f"{key}: not supported by train_ppo")
+    if cfg.generation_batch_size % ppo.num_mini_batches:
+        raise ConfigError(f"num_mini_batches: {ppo.num_mini_batches} does not divide generation_batch_size="
+                          f"{cfg.generation_batch_size}")
+
+
+def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list | None = None,
+              progress: bool = True) -> dict:
+    """Train with PPO and a critic, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl,
+    summary.json, plots/} like trainer.train. config.yaml holds the Config's fields and a `ppo:` section.
+
+    reward_funcs: your own reward functions (TRL's signature, see rewards.py); they replace cfg.reward_funcs.
+    """
+    ppo = ppo or PPOConfig()
+    _check(cfg, ppo)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    task = get_task(cfg.task)
+    model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full or LoRA
+    value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
+    max_len = cfg.max_completion_length or task.max_completion_length
+    if reward_funcs is None:
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+    reward_names = [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(reward_funcs)]
+    weights = cfg.reward_weights or [1.0] * len(reward_funcs)
+    if len(weights) != len(reward_funcs):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
+    train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        if not rows:
+            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
+    context = getattr(model.config, "max_position_embeddings", None)
+    longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in train_rows + test_rows)
+    if context is not None and longest_prompt + max(max_len, task.max_completion_length) > context:
+        raise ConfigError(f"max_completion_length: prompt ({longest_prompt} tokens) + completion exceeds the model's "
+                          f"context of {context} tokens")
+    ref_model = reference_policy(model) if ppo.kl_coef > 0 else None
+    engine = make_engine(cfg, model, tokenizer)
+    critic_lr = ppo.critic_learning_rate or cfg.learning_rate
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.learning_rate},
+         {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}],
+        betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+    )
+    warm = lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
+    decay = lambda s: max(0.0, 1 - s / cfg.max_steps) if cfg.lr_scheduler_type == "linear" else 1.0  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warm(s) * decay(s))
+    sampler = PromptSampler(train_rows, cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "algorithm": "ppo", "ppo": ppo.to_dict()},
+                                                    sort_keys=False))
+    metrics_file = open(out / "metrics.jsonl", "w")
+    eval_rows = test_rows[: cfg.eval_num_problems]
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
+    on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
+
+    before = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    G, wall_seconds = cfg.num_generations, 0.0
+    bar = tqdm(range(1, cfg.max_steps + 1), total=cfg.max_steps, desc="ppo", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        t0 = time.perf_counter()
+        # 1-2. Sample and score, exactly as GRPO does (collect_batch also computes GRPO's advantage: logged only).
+        with autocast():
+            batch = collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, None,
+                                  tokenizer.pad_token_id, engine)
+        t_generate = time.perf_counter() - t0
+        rewards = batch["rewards"].to(device)  # (N,)
+        if rewards.isnan().any():
+            raise RewardError(f"step {step}: {int(rewards.isnan().sum())} completions have no reward (no reward "
+                              "function applies); PPO's critic needs one for every completion")
+        ids = {k: batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+
+        # 3. Targets, before any update: old log-probs, the critic's V(s_t), GAE advantages and returns.
+        model.eval()
+        value_model.eval()
+        with autocast():
+            ref_logp = None if ref_model is None else completion_logprobs(ref_model, *ids.values(),
+                                                                          temperature=cfg.temperature)[0]
+            targets = ppo_targets(model, value_model, ids, rewards, ref_logp=ref_logp, kl_coef=ppo.kl_coef,
+                                  gamma=ppo.gamma, lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
+                                  temperature=cfg.temperature, need_old_logp=not on_policy)
+
+        # 4. Optimise policy and critic together.
+        model.train()
+        value_model.train()
+        step_stats = ppo_update(model, value_model, optimizer, ids, targets, cliprange=cfg.epsilon,
+                                cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef,
+                                num_ppo_epochs=ppo.num_ppo_epochs, num_mini_batches=ppo.num_mini_batches,
+                                temperature=cfg.temperature, max_grad_norm=cfg.max_grad_norm, autocast=autocast)
+        engine.sync_weights()
+        learning_rate = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step_seconds = time.perf_counter() - t0
+        wall_seconds += step_seconds
+
+        # 5. Log one line: GRPO's metrics (with `advantages` = PPO's raw GAE advantage of each completion's first
+        #    token), then the critic's and the two estimators' variances on this same batch.
+        grpo_adv = batch["adv"]  # group_advantages(rewards, G) as GRPO would train on it, (N,)
+        batch["adv"] = targets["raw_adv"][:, 0].cpu()
+        row = {"step": step, **step_metrics(gather_batch(batch, task), step_stats, reward_names)}
+        row.update({k: _mean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
+        row.update(targets["stats"])
+        centred, _ = group_advantages(batch["rewards"], G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
+        row.update({"adv_var/grpo": grpo_adv.var(unbiased=False).item(),
+                    "adv_var/grpo_unscaled": centred.var(unbiased=False).item(),
+                    "adv_var/reward": batch["rewards"].var(unbiased=False).item(),
+                    "grpo_advantages": [round(a, 4) for a in grpo_adv.tolist()]})
+        row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
+                   step_seconds=step_seconds, generate_seconds=t_generate,
+                   tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
+        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+            row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
+        metrics_file.write(json.dumps(row) + "\n")
+        metrics_file.flush()
+        bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
+    metrics_file.close()
+
+    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    trainable_params, total_params = parameter_counts(model)
+    critic_trainable, critic_total = parameter_counts(value_model)
+    peak_memory = peak_memory_bytes(device)
+    if cfg.save_model:  # the policy only: the critic is a training device, not a product
+        save_policy(model, tokenizer, out / "model", base_name_or_path=cfg.model_name_or_path or task.model_dir,
+                    dtype=cfg.dtype)
+    summary = {
+        "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "algorithm": "ppo",
+        "loss_type": "ppo", "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
+        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
+        "accuracy_before_sampled": before.get("accuracy_sampled"),
+        "accuracy_after_sampled": after.get("accuracy_sampled"),
+        "completion_length_before": before["mean_length_greedy"],
+        "completion_length_after": after["mean_length_greedy"],
+        "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
+        "device": str(device), "torch": torch.__version__, "quantized": is_quantized(model),
+        "trainable_params": trainable_params + critic_trainable, "total_params": total_params + critic_total,
+        "policy_params": total_params, "critic_params": critic_total,
+        "peak_memory_bytes": peak_memory,  # CUDA peak allocated, or the process's peak RSS on CPU (models.py)
+        "ppo": ppo.to_dict(),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    from .plots import plot_critic_runs, plot_runs
+
+    plot_runs([out], out / "plots")
+    plot_critic_runs([out], out / "plots")
+    return summary
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
