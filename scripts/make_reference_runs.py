@@ -7,14 +7,13 @@ notebook 04's six variants (GRPO, Dr. GRPO, DAPO, GSPO, GMPO, RLOO) and notebook
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 04 --only gspo gmpo
     OMP_NUM_THREADS=1 python scripts/make_reference_runs.py --notebook 06    # GRPO, PPO, PPO with a slow critic
 
-The shipped runs were made with OMP_NUM_THREADS=1 on a 2-core CPU shared with other jobs: one torch thread per
-process avoids OpenMP's busy-waiting when the cores are oversubscribed (see scripts/run_notebooks.py). Notebook 04's
-six were made as two processes side by side (`--only grpo dr_grpo dapo` and `--only gspo gmpo rloo`), 20 minutes.
-Notebook 04's shipped runs date from commit ba4cc0e, when rollouts used HF `generate`; notebook 03's were
-remade with rollout.py's decode loop (same distribution, different random draws).
-
-Notebook 06's three were made as three processes side by side (`--only grpo`, `--only ppo`, `--only
-ppo_critic_lr_1e-4`), so that they saw the same load on the shared CPU and their step times compare.
+The shipped runs were made with the three commands above (no --only), one at a time on an otherwise idle 2-core CPU
+with OMP_NUM_THREADS=1 (one torch thread per process also avoids OpenMP's busy-waiting when the cores are
+oversubscribed, see scripts/run_notebooks.py): notebook 03's three in 2 minutes, 04's six in 6, 06's three in 5,
+wall time including evaluation. Each command runs its runs one after another in one process, on the same idle
+machine (step times still drift by 10-30% from run to run). They were made with the rollout and log-prob code of the
+commit that ships them (rollout.py's decode loop), so the notebooks' live runs in full mode reproduce their first
+steps exactly; a change that moves those numbers, even by rounding, means remaking them.
 
 Each run is trained from the shipped think_addition warm start with the settings below (notebook 03: the same
 as its full lesson; notebook 04: its full lesson's live runs are the first 10 of these 40 steps), then its small
