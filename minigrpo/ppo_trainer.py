@@ -60,7 +60,7 @@ from .models import (is_quantized, load_policy, parameter_counts, peak_memory_by
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError
 from .tasks import get_task
-from .trainer import PromptSampler, build_reward_funcs, collect_batch, gather_batch, step_metrics
+from .trainer import PromptSampler, collect_batch, gather_batch, lr_lambda, prepare_task, step_metrics
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -154,22 +154,9 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     task = get_task(cfg.task)
     model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full or LoRA
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
-    max_len = cfg.max_completion_length or task.max_completion_length
-    if reward_funcs is None:
-        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+    train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
+                                                                         reward_funcs)
     reward_names = [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(reward_funcs)]
-    weights = cfg.reward_weights or [1.0] * len(reward_funcs)
-    if len(weights) != len(reward_funcs):
-        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
-    train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
-    for split, rows in (("train", train_rows), ("test", test_rows)):
-        if not rows:
-            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
-    context = getattr(model.config, "max_position_embeddings", None)
-    longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in train_rows + test_rows)
-    if context is not None and longest_prompt + max(max_len, task.max_completion_length) > context:
-        raise ConfigError(f"max_completion_length: prompt ({longest_prompt} tokens) + completion exceeds the model's "
-                          f"context of {context} tokens")
     ref_model = reference_policy(model) if ppo.kl_coef > 0 else None
     engine = make_engine(cfg, model, tokenizer)
     critic_lr = ppo.critic_learning_rate or cfg.learning_rate
@@ -178,9 +165,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
          {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}],
         betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
     )
-    warm = lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0  # noqa: E731
-    decay = lambda s: max(0.0, 1 - s / cfg.max_steps) if cfg.lr_scheduler_type == "linear" else 1.0  # noqa: E731
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warm(s) * decay(s))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))  # the same factor for both groups
     sampler = PromptSampler(train_rows, cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

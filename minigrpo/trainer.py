@@ -43,7 +43,6 @@ from .models import (is_quantized, load_policy, parameter_counts, peak_memory_by
                      save_policy)
 from .objectives import policy_loss
 from .rewards import RewardError, combine_rewards, overlong_penalty, score_completions, shuffled
-from .rollout import Rollout
 from .tasks import Task, get_task
 
 __all__ = ["train", "build_reward_funcs"]
@@ -170,7 +169,7 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     return batch
 
 
-def _lr_lambda(cfg: Config):
+def lr_lambda(cfg: Config):
     def factor(step: int) -> float:
         warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
         decay = max(0.0, 1 - step / cfg.max_steps) if cfg.lr_scheduler_type == "linear" else 1.0
@@ -196,6 +195,32 @@ def start_or_resume(cfg: Config, out: Path, **training_objects) -> tuple[int, di
     return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
 
 
+def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs: list | None = None):
+    """The run's rows and reward functions, checked before any step: (train_rows, test_rows, reward_funcs,
+    reward_weights, max_completion_length). One-line ConfigError for an empty split, a weight count that does
+    not match, or prompts that leave no room for the completion in the model's context."""
+    max_len = cfg.max_completion_length or task.max_completion_length
+    if reward_funcs is None:
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+    weights = cfg.reward_weights or [1.0] * len(reward_funcs)
+    if len(weights) != len(reward_funcs):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
+    train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        if not rows:
+            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
+    context = getattr(model_config, "max_position_embeddings", None)
+    # Training samples max_len tokens, evaluation the task's own max_completion_length.
+    for rows, completion_len in ((train_rows, max_len), (test_rows, task.max_completion_length)):
+        longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in rows)
+        if context is not None and longest_prompt + completion_len > context:
+            raise ConfigError(
+                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
+                f"the model's context of {context} tokens"
+            )
+    return train_rows, test_rows, reward_funcs, weights, max_len
+
+
 def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = True) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, summary.json, plots/}.
 
@@ -217,32 +242,15 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full, LoRA or QLoRA
     if W > 1:
         torch.manual_seed(cfg.seed + rank)  # ... but each rank samples its own completions
-    max_len = cfg.max_completion_length or task.max_completion_length
-    if reward_funcs is None:
-        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+    train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
+                                                                         reward_funcs)
     reward_names = [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(reward_funcs)]
-    weights = cfg.reward_weights or [1.0] * len(reward_funcs)
-    if len(weights) != len(reward_funcs):
-        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
-    train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
-    for split, rows in (("train", train_rows), ("test", test_rows)):
-        if not rows:
-            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
-    context = getattr(model.config, "max_position_embeddings", None)
-    # Training samples max_len tokens, evaluation the task's own max_completion_length.
-    for rows, completion_len in ((train_rows, max_len), (test_rows, task.max_completion_length)):
-        longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in rows)
-        if context is not None and longest_prompt + completion_len > context:
-            raise ConfigError(
-                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
-                f"the model's context of {context} tokens"
-            )
     ref_model = reference_policy(model) if cfg.beta > 0 else None
     engine = make_engine(cfg, model, tokenizer)  # the policy's own decode loop, or vLLM (use_vllm)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     sampler = PromptSampler(train_rows, cfg.seed, rank, W)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
