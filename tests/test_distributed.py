@@ -146,3 +146,18 @@ def test_checkpoint_keeps_every_ranks_state(tmp_path):
     assert torch.equal(torch.get_rng_state(), states[1]["rng"]["torch"])
     with pytest.raises(CheckpointError, match="2 process"):
         load_checkpoint(path, **objects(restored), config={})
+
+
+@needs_accelerate
+def test_two_process_run_resumes_exactly(tmp_path, one_thread):
+    """Kill-free version of the crash test, with 2 processes: resuming from the step-2 checkpoint into another
+    directory redoes step 3 exactly — each rank gets back its own sampling RNG, so it draws the same completions."""
+    flags = ["--max-steps", "3", "--num-generations", "4", "--generation-batch-size", "16", "--eval-steps", "0",
+             "--eval-limit", "8", "--eval-num-samples", "1", "--save-steps", "2", "--save-model", "false"]
+    launch(["-m", "minigrpo", "train", "--out", str(tmp_path / "a"), *flags], one_thread, processes=2)
+    launch(["-m", "minigrpo", "train", "--out", str(tmp_path / "b"), *flags,
+            "--resume", str(tmp_path / "a" / "checkpoints" / "step-000002.pt")], one_thread, processes=2)
+    a, b = metrics(tmp_path / "a"), metrics(tmp_path / "b")
+    assert [r["step"] for r in b] == [1, 2, 3]  # steps 1-2 copied from a's history, step 3 trained again
+    for key in ("reward", "advantages", "completion_length_mean", "loss", "grad_norm", "entropy"):
+        assert b[2][key] == a[2][key], key
