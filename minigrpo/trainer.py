@@ -325,9 +325,10 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         run_state["wall_seconds"] += step_seconds
 
         # 6. Log one line (rank 0, from every rank's share of the batch).
-        row = {"step": step, **step_metrics(gather_batch(batch, task), gather_stats(step_stats), reward_names)}
+        gathered = gather_batch(batch, task)
+        row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), reward_names)}
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=num_tokens.item() / step_seconds)
+                   tokens_per_second=gathered["lengths"].sum().item() / step_seconds)  # all sampled tokens
         if main:
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
