@@ -41,26 +41,37 @@ def completion_logprobs(
     if not trim_padding:
         return _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    # Real extent of each row: prompts end at column P (left-padded), completions start at column 0.
-    prompt_lengths = (prompt_mask.ne(0) * torch.arange(P, 0, -1, device=prompt_mask.device)).amax(1).tolist()
-    completion_lengths = (completion_mask.ne(0) * torch.arange(1, T + 1, device=prompt_mask.device)).amax(1).tolist()
     prompt_logits, prompt_cache, which = _prompt_forward(model, prompt_ids, prompt_mask)
-    order, parts = [], []
-    for rows in length_chunks(prompt_lengths, completion_lengths):
-        p = max(max(prompt_lengths[i] for i in rows), 1)
-        t = max(max(completion_lengths[i] for i in rows), 1)
-        idx = torch.tensor(rows, device=prompt_ids.device)
+    chunks, inverse = trimmed_chunks(prompt_mask, completion_mask)
+    parts = []
+    for idx, p, t in chunks:
         logp, entropy = _logprobs(
             model, prompt_logits, prompt_cache, which[idx], prompt_mask[idx, P - p:], completion_ids[idx, :t],
             completion_mask[idx, :t], temperature, with_entropy,
         )
         mask = completion_mask[idx, :t]
         parts.append((F.pad(logp * mask, (0, T - t)), None if entropy is None else F.pad(entropy * mask, (0, T - t))))
-        order += rows
-    inverse = torch.tensor(order, device=prompt_ids.device).argsort()  # back to the caller's row order
     logp = torch.cat([lp for lp, _ in parts])[inverse]  # (B, T)
     entropy = torch.cat([e for _, e in parts])[inverse] if with_entropy else None
     return logp, entropy
+
+
+def trimmed_chunks(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """The batch split by `length_chunks`: [(idx, p, t)] per chunk — its rows, its longest prompt p and longest
+    completion t (keep a chunk's last p prompt columns, prompts being left-padded, and its first t completion
+    columns) — and `inverse`, which puts rows concatenated chunk by chunk back in the batch's order."""
+    P, T = prompt_mask.shape[1], completion_mask.shape[1]
+    device = prompt_mask.device
+    # Real extent of each row: prompts end at column P (left-padded), completions start at column 0.
+    prompt_lengths = (prompt_mask.ne(0) * torch.arange(P, 0, -1, device=device)).amax(1).tolist()
+    completion_lengths = (completion_mask.ne(0) * torch.arange(1, T + 1, device=device)).amax(1).tolist()
+    chunks, order = [], []
+    for rows in length_chunks(prompt_lengths, completion_lengths):
+        p = max(max(prompt_lengths[i] for i in rows), 1)
+        t = max(max(completion_lengths[i] for i in rows), 1)
+        chunks.append((torch.tensor(rows, device=device), p, t))
+        order += rows
+    return chunks, torch.tensor(order, device=device).argsort()
 
 
 def length_chunks(prompt_lengths: list[int], completion_lengths: list[int], chunk_cost: int = 64) -> list[list[int]]:

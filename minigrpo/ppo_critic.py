@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .logprobs import completion_logprobs, length_chunks
+from .logprobs import completion_logprobs, trimmed_chunks
 from .objectives import policy_loss
 from .objectives.common import masked_mean
 
@@ -68,25 +68,20 @@ def completion_values(value_model, prompt_ids, prompt_mask, completion_ids, comp
 
     Same alignment as `completion_logprobs`: the hidden state at position P + t - 1 (the last prompt token for
     t = 0) has seen q and o_<t, which is the state in which o_t is chosen. Also as there, rows run in chunks of
-    similar length, each trimmed to its own longest prompt and completion (`logprobs.length_chunks`), so padding
+    similar length, each trimmed to its own longest prompt and completion (`logprobs.trimmed_chunks`), so padding
     costs no compute; positions outside the completion mask come back as 0.
     """
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    prompt_lengths = (prompt_mask.ne(0) * torch.arange(P, 0, -1, device=prompt_mask.device)).amax(1).tolist()
-    completion_lengths = (completion_mask.ne(0) * torch.arange(1, T + 1, device=prompt_mask.device)).amax(1).tolist()
-    order, parts = [], []
-    for rows in length_chunks(prompt_lengths, completion_lengths):
-        p, t = max(max(prompt_lengths[i] for i in rows), 1), max(max(completion_lengths[i] for i in rows), 1)
-        idx = torch.tensor(rows, device=prompt_ids.device)
+    chunks, inverse = trimmed_chunks(prompt_mask, completion_mask)
+    parts = []
+    for idx, p, t in chunks:
         input_ids = torch.cat([prompt_ids[idx, P - p:], completion_ids[idx, :t]], dim=1)  # (b, p + t)
         mask = completion_mask[idx, :t]
         attention_mask = torch.cat([prompt_mask[idx, P - p:], mask.to(prompt_mask.dtype)], dim=1)
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
         values = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)  # (b, p+t)
         parts.append(F.pad(values[:, -t - 1:-1].float() * mask, (0, T - t)))
-        order += rows
-    inverse = torch.tensor(order, device=prompt_ids.device).argsort()  # back to the caller's row order
-    return torch.cat(parts)[inverse]  # (B, T)
+    return torch.cat(parts)[inverse]  # (B, T), in the caller's row order
 
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
