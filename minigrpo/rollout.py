@@ -19,7 +19,8 @@ them off explicitly for ``generate``.
 
 Why a loop of our own: it computes each prompt once per group instead of G times, and drops
 finished rows from the batch, where ``generate`` keeps decoding them until the longest row ends.
-When completion lengths vary (a short answer vs a long scratchpad), that is much of the work.
+When completion lengths vary (a short answer vs a long scratchpad), that is much of the work. And each step
+calls the model's layers directly (decode_step.py), skipping what HF's forward does around them.
 
 Randomness comes from torch's global RNG; seed it (``torch.manual_seed``) for repeatable rollouts.
 """
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, GenerationConfig
+
+from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
 
 
 @dataclass
@@ -150,7 +153,7 @@ DROP_FINISHED_FRACTION = 0.25
 # clones what decode returns.
 @torch.inference_mode()
 def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_p, do_sample,
-           eos_ids, pad_id) -> torch.LongTensor:
+           eos_ids, pad_id, decode_step: str = "auto") -> torch.LongTensor:
     """The sampling loop, written out. Returns completion ids (B*G, T), pad after each row's first eos.
 
     prompt_ids, prompt_mask: (B, P) distinct prompts, left-padded. Row i*G + g is prompt i's g-th sample.
@@ -158,11 +161,15 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
     1. Prefill: one forward pass over the B prompts fills the KV cache. The G samples of a prompt share it,
        so the prompt is computed once and its cache (and last logits) repeated G times.
     2. Decode: each step samples one token per row (``next_token``) and feeds it back through the model,
-       which attends to the cache and appends its own keys and values.
+       which attends to the cache and appends its own keys and values. The step is ``DecodeStep``
+       (decode_step.py: the model's layers called directly over a preallocated cache) where the architecture
+       allows, else ``HFDecodeStep`` (``model(...)``); ``decode_step="hf"`` forces the latter.
     3. A row that samples eos is finished. HF ``generate`` keeps computing finished rows until the last one
        ends; here they are dropped from the batch and the cache once they are a quarter of it, so later steps
        spend their compute on the rows still running.
     """
+    if decode_step not in ("auto", "hf"):
+        raise ValueError(f"decode_step must be 'auto' or 'hf', not {decode_step!r}")
     device, G = prompt_ids.device, num_generations
     eos = torch.tensor(eos_ids, device=device)
     cache = DynamicCache(config=model.config)
@@ -171,8 +178,10 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
     cache.batch_repeat_interleave(G)
     logits = logits.repeat_interleave(G, dim=0)  # (B*G, V)
-    attention_mask = prompt_mask.repeat_interleave(G, dim=0)  # (n, P + t): grows by one column per step
-    position = attention_mask.sum(1, keepdim=True)  # (n, 1): the position of the token being fed in
+    prompt_mask = prompt_mask.repeat_interleave(G, dim=0)  # (B*G, P)
+    position = prompt_mask.sum(1, keepdim=True)  # (n, 1): the position of the token being fed in
+    step_class = DecodeStep if (decode_step == "auto" and has_decode_step(model)) else HFDecodeStep
+    step = step_class(model, cache, prompt_mask, max_new_tokens)
 
     out = torch.full((len(logits), max_new_tokens), pad_id, dtype=torch.long, device=device)  # (B*G, T)
     rows = torch.arange(len(logits), device=device)  # which output row each batch row writes to
@@ -185,12 +194,9 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
             return out[:, : t + 1]
         if finished.sum() >= DROP_FINISHED_FRACTION * len(rows):
             keep = (~finished).nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            rows, token, attention_mask, position, finished = (
-                x[keep] for x in (rows, token, attention_mask, position, finished))
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
-        logits = model(input_ids=token.unsqueeze(1), attention_mask=attention_mask, position_ids=position,
-                       past_key_values=cache, use_cache=True).logits[:, -1]  # (n, V)
+            step.keep(keep)
+            rows, token, position, finished = (x[keep] for x in (rows, token, position, finished))
+        logits = step(token, position)  # (n, V)
         position = position + 1
     return out
 
