@@ -71,6 +71,19 @@ def _series(metrics: list[dict], key: str, x: str = "step") -> tuple[list[float]
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _label(ax, xlabel: str | None, ylabel: str, title: str, *, legend_size: int = 8, grid: str | None = "both"):
+    """Axis labels and title, a light grid (None: none; "y": horizontal lines only), a legend if a line is labelled."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if grid:
+        ax.grid(alpha=0.3, axis=grid)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=legend_size)
+    return ax
+
+
 def plot_curve(runs: dict[str, list[dict]], key: str, *, ax=None, ylabel: str | None = None, title: str | None = None,
                window: int = 10, style: str = "-", x: str = "step", start: dict[str, float] | None = None):
     """One metric against the step (or training time, x="seconds"), for every run in {label: metrics}.
@@ -86,13 +99,7 @@ def plot_curve(runs: dict[str, list[dict]], key: str, *, ax=None, ylabel: str | 
             if start and label in start:
                 xs, values = [0, *xs], [start[label], *values]
             ax.plot(xs, values, style, label=label)
-    ax.set_xlabel(X_LABELS[x])
-    ax.set_ylabel(ylabel or key)
-    ax.set_title(title or key)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    return ax
+    return _label(ax, X_LABELS[x], ylabel or key, title or key)
 
 
 def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int = 5, title: str | None = None):
@@ -106,13 +113,8 @@ def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int
             xs, values = _series(metrics, key)
             if xs:
                 ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens per completion (eos included)")
-    ax.set_title(title or "completion length (training samples)")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    return ax
+    return _label(ax, "step", "tokens per completion (eos included)", title or "completion length (training samples)",
+                  legend_size=7)
 
 
 def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] | None = None, title: str | None = None):
@@ -128,12 +130,7 @@ def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] |
         bins = torch.linspace(low, high if high > low else low + 1, 31).tolist()
         for m in chosen:
             ax.hist(m["advantages"], bins=bins, alpha=0.45, label=f"step {m['step']}")
-    ax.set_xlabel("advantage")
-    ax.set_ylabel("completions")
-    ax.set_title(title or "advantages (zero-std groups pile up at 0)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    return ax
+    return _label(ax, "advantage", "completions", title or "advantages (zero-std groups pile up at 0)", grid=None)
 
 
 def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title: str = "", window: int = 3):
@@ -231,11 +228,8 @@ def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int 
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels(list(runs))
-    ax.set_ylabel("change in tokens per completion")
-    ax.set_title(title or f"length drift: mean of the last {last} steps minus mean of the first {first}")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    return ax
+    return _label(ax, None, "change in tokens per completion",
+                  title or f"length drift: mean of the last {last} steps minus mean of the first {first}", grid="y")
 
 
 def plot_before_after(run_dirs: list[str | Path], ax) -> None:
@@ -311,15 +305,8 @@ def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
             xs, values = _series(metrics, key)
             if xs:
                 ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
-    lag_ax.set_ylabel("reward (0 = wrong, 1 = right)")
-    lag_ax.set_title("does the critic keep up? mean reward vs its prediction V(s_0)")
-    err_ax.set_ylabel("mean squared error (reward$^2$)")
-    err_ax.set_title("error of the baseline, measured before the update")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _label(lag_ax, "step", "reward (0 = wrong, 1 = right)", "does the critic keep up? mean reward vs its prediction V(s_0)")
+    _label(err_ax, "step", "mean squared error (reward$^2$)", "error of the baseline, measured before the update")
     return axes
 
 
@@ -345,13 +332,8 @@ def plot_advantage_variance(metrics: list[dict], *, ax=None, window: int = 3, ti
         if xs:
             ax.plot(xs, smooth(values, window), label=label, **style)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("step")
-    ax.set_ylabel("variance over the batch (reward$^2$)")
-    ax.set_title(title or "advantage variance per estimator, same samples")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    return ax
+    return _label(ax, "step", "variance over the batch (reward$^2$)", title or "advantage variance per estimator, same samples",
+                  legend_size=7)
 
 
 def plot_critic_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 3) -> Path:
@@ -387,12 +369,8 @@ def plot_advantage_vs_num_correct(schemes: dict[str, Callable], group_size: int,
         ax.plot(num_correct, right, "o-", color=f"C{i}", label=f"{label}: right answer")
         ax.plot(num_correct, wrong, "s--", color=f"C{i}", alpha=0.7, label=f"{label}: wrong answer")
     ax.axhline(0, color="k", lw=0.8)
-    ax.set_xlabel(f"right answers in the group (k of G = {group_size})")
-    ax.set_ylabel("advantage")
-    ax.set_title(title or "advantage of a right and a wrong answer vs the group's success")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    return _label(ax, f"right answers in the group (k of G = {group_size})", "advantage",
+                  title or "advantage of a right and a wrong answer vs the group's success", legend_size=7)
 
 
 def plot_histograms(values: dict[str, torch.Tensor], *, ax=None, bins: int = 40, xlabel: str = "advantage",
@@ -406,12 +384,7 @@ def plot_histograms(values: dict[str, torch.Tensor], *, ax=None, bins: int = 40,
     edges = torch.linspace(low, high if high > low else low + 1, bins + 1).tolist()
     for label, v in cleaned.items():
         ax.hist(v.tolist(), bins=edges, histtype="step", lw=1.8, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title or "")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return ax
+    return _label(ax, xlabel, ylabel, title or "")
 
 
 def plot_token_heatmap(values: torch.Tensor, mask: torch.Tensor | None = None, *, ax=None,

@@ -42,6 +42,7 @@ import math
 import os
 import random
 import time
+from statistics import fmean
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_type_hints
@@ -220,7 +221,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         grpo_adv = batch["adv"]  # group_advantages(rewards, G) as GRPO would train on it, (N,)
         batch["adv"] = targets["raw_adv"][:, 0].cpu()
         row = {"step": step, **step_metrics(gather_batch(batch, task), step_stats, reward_names)}
-        row.update({k: _mean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
+        row.update({k: fmean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
         row.update(targets["stats"])
         centred, _ = group_advantages(batch["rewards"], G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
         row.update({"adv_var/grpo": grpo_adv.var(unbiased=False).item(),
@@ -266,7 +267,3 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     plot_critic_runs([out], out / "plots")
     return summary
 
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)

@@ -25,6 +25,7 @@ import json
 import math
 import random
 import time
+from statistics import fmean
 from pathlib import Path
 
 import torch
@@ -404,7 +405,7 @@ def gather_stats(step_stats: list[dict]) -> list[dict]:
     for i, stats in enumerate(step_stats):
         tokens = [r[i]["tokens"] for r in ranks]
         weighted = lambda key: sum(r[i][key] * n for r, n in zip(ranks, tokens)) / max(sum(tokens), 1)  # noqa: E731
-        gathered.append({key: _mean(r[i][key] for r in ranks) if key in ("loss", "grad_norm") else weighted(key)
+        gathered.append({key: fmean(r[i][key] for r in ranks) if key in ("loss", "grad_norm") else weighted(key)
                          for key in stats})
     return gathered
 
@@ -415,7 +416,7 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
     rewards, adv, lengths, correct = batch["rewards"], batch["adv"], batch["lengths"], batch["correct"]
     scored = ~rewards.isnan()
     row = {
-        "loss": _mean(s["loss"] for s in step_stats),
+        "loss": fmean(s["loss"] for s in step_stats),
         "reward": rewards[scored].mean().item() if scored.any() else math.nan,
         "reward_std": rewards[scored].std().item() if scored.sum() > 1 else 0.0,
         "frac_reward_zero_std": batch["zero_std_sampled"].float().mean().item(),
@@ -437,11 +438,7 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
         row[f"rewards/{name}/std"] = col[~col.isnan()].std().item() if (~col.isnan()).sum() > 1 else 0.0
     for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean", "approx_kl",
                 "entropy", "grad_norm"):
-        row[key] = _mean(s[key] for s in step_stats)
-    row["kl"] = _mean(s["kl"] for s in step_stats) if "kl" in step_stats[0] else None
+        row[key] = fmean(s[key] for s in step_stats)
+    row["kl"] = fmean(s["kl"] for s in step_stats) if "kl" in step_stats[0] else None
     return row
 
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
