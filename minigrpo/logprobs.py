@@ -126,8 +126,12 @@ def _logprobs(model, prompt_logits, prompt_cache, which, prompt_mask, completion
     completion_logits = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
                               past_key_values=cache, use_cache=True).logits  # (B, T, V)
     # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.
-    logits = torch.cat([prompt_logits[which].unsqueeze(1), completion_logits[:, :-1]], dim=1)  # (B, T, V)
-    return _token_logprobs(logits, completion_ids, temperature, with_entropy)
+    # Taken apart and joined as log-probs (B, T), not as logits: with a 152k vocabulary, joining the logits would
+    # copy a (B, T, V) tensor forward and backward.
+    first = _token_logprobs(prompt_logits[which].unsqueeze(1), completion_ids[:, :1], temperature, with_entropy)
+    rest = _token_logprobs(completion_logits[:, :-1], completion_ids[:, 1:], temperature, with_entropy)
+    logp = torch.cat([first[0], rest[0]], dim=1)  # (B, T)
+    return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
 
 
 def _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy):
@@ -145,12 +149,13 @@ def _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_
 
 def _token_logprobs(logits, completion_ids, temperature, with_entropy):
     """log pi(o_t) = logit[o_t] - logsumexp(logits), and optionally the entropy, from logits (B, T, V)."""
-    logits = logits.float() / temperature
-    token_logits = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    logp = token_logits - torch.logsumexp(logits, dim=-1)  # (B, T)
+    logits = logits.float()
+    if temperature != 1.0:  # dividing by 1 would still copy the (B, T, V) logits
+        logits = logits / temperature
+    log_z = torch.logsumexp(logits, dim=-1)  # (B, T)
+    logp = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - log_z  # (B, T)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            entropy = torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)  # H = logZ - E[logit]
+            entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # H = logZ - E[logit]
     return logp, entropy
