@@ -8,14 +8,16 @@
   For a small model, what HF's ``model(...)`` does around its layers (mask building, cache objects, output
   classes, decorators) is a good share of each step: on the shipped 1.3M-parameter Llama one decode
   step takes 2.4 ms (HF) vs 1.9 ms (here) at 1-15 rows, 8.4 vs 7.2 ms at 64-128 rows, and a whole rollout
-  0.89-0.91x the time (BENCHMARKS.md). The logits are the same numbers: same modules, same ops in the same order,
-  bit for bit on the shipped model; with grouped-query attention within ~2e-7, as SDPA's ``enable_gqa`` stands
-  in for HF's copy of the shared keys (tests/test_decode_step.py: Llama, Qwen2, Qwen3, GQA, LoRA).
-* ``HFDecodeStep``: ``model(...)`` with HF's ``DynamicCache``, for every architecture ``DecodeStep``
-  does not know (``has_decode_step``).
+  0.89-0.92x the time (BENCHMARKS.md). The logits are HF's to the bit in every configuration tested on a CPU: same
+  modules, same ops in the same order, attention through SDPA as HF's "sdpa" implementation calls it
+  (tests/test_decode_step.py: Llama, Qwen2, Qwen3, grouped-query attention, LoRA), so rollouts under a seed are
+  the same tokens either way.
+* ``HFDecodeStep``: ``model(...)`` with HF's ``DynamicCache``, for everything ``has_decode_step`` turns away:
+  other architectures, sliding-window attention, attention implementations other than "sdpa", peft prompt or
+  prefix tuning.
 
-Because the modules are called (not their weights read), LoRA adapters (peft), 4-bit layers
-(bitsandbytes) and ``disable_adapter()`` work unchanged.
+Because the modules are called (not their weights read), LoRA / DoRA adapters (peft), 4-bit layers
+(bitsandbytes) and ``disable_adapter()`` work unchanged. ``decode`` puts the model in eval mode first (no dropout).
 
 One step for the n rows still decoding, per layer:
 
@@ -23,13 +25,13 @@ One step for the n rows still decoding, per layer:
     q, k, v = x Wq, x Wk, x Wv            split into heads: (n, heads, 1, D); Qwen3 normalises q and k here
     q, k = rope(q, pos), rope(k, pos)     rotate by the token's position
     K, V = [K, k], [V, v]                 append to the cache: (n, kv_heads, t + 1, D)
-    o = softmax(q K^T / sqrt(D) + mask) V     the mask hides each row's left padding
+    o = softmax(q K^T / sqrt(D) + mask) V     the mask hides each row's left padding; a kv head serves its group
     h = h + o Wo
     h = h + MLP(RMSNorm(h))
 logits = lm_head(RMSNorm(h))
 
 (A cache preallocated for the whole completion and written in place was measured too, and was slower on a CPU:
-0.96-1.02x of HF's rollout time against 0.89-0.91x. Its large buffers are fresh memory at each rollout and each
+0.96-1.02x of HF's rollout time against 0.89-0.92x. Its large buffers are fresh memory at each rollout and each
 dropping of rows, ~10k page faults per rollout against ~1.9k; the tensors ``torch.cat`` makes reuse freed memory.)
 """
 
@@ -48,8 +50,14 @@ def causal_lm(model):
 
 
 def has_decode_step(model) -> bool:
+    """True where DecodeStep computes what the model's own forward computes; HFDecodeStep serves the rest."""
+    peft_config = getattr(model, "active_peft_config", None)
+    if peft_config is not None and peft_config.is_prompt_learning:  # prompt / prefix tuning add virtual tokens
+        return False
     lm = causal_lm(model)
-    if type(lm).__name__ not in DECODE_STEP_ARCHITECTURES:
+    if type(lm).__name__ not in DECODE_STEP_ARCHITECTURES or not type(lm).__module__.startswith("transformers.models."):
+        return False  # a remote-code class of the same name may differ inside
+    if lm.config._attn_implementation != "sdpa":  # eager / flash attention: same math, other rounding
         return False
     return all(getattr(layer.self_attn, "sliding_window", None) is None for layer in lm.model.layers)
 
@@ -87,7 +95,7 @@ class DecodeStep:
         cos, sin = body.rotary_emb(h, position)  # (n, 1, D) each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (n, 1, 1, D): broadcast over heads
         mask = self.mask[..., : self.keys[0].shape[2] + 1]  # (n, 1, 1, t + 1)
-        for i, layer in enumerate(body.layers):
+        for i, layer in enumerate(body.layers[: len(self.keys)]):  # the layers the config counts, as HF does
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             q = attn.q_proj(x).view(n, 1, -1, attn.head_dim)  # (n, 1, heads, D)
@@ -100,9 +108,12 @@ class DecodeStep:
             k = k * cos + rotate_half(k) * sin
             self.keys[i] = torch.cat([self.keys[i], k], dim=2)  # (n, kv_heads, t + 1, D)
             self.values[i] = torch.cat([self.values[i], v], dim=2)
-            o = F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=mask, scale=attn.scaling,
-                                               enable_gqa=q.shape[1] != k.shape[1])  # (n, heads, 1, D)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(n, 1, -1))
+            # Grouped-query attention: head j reads kv head j // (heads / kv_heads), so the one query of each head
+            # of a group becomes a row of that kv head's query: (n, kv_heads, heads / kv_heads, D). No copy of
+            # the keys, as HF does for one query (pack_gqa); with heads == kv_heads it is the usual layout.
+            q = q.reshape(n, k.shape[1], -1, attn.head_dim)
+            o = F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=mask, scale=attn.scaling)
+            h = h + attn.o_proj(o.reshape(n, 1, -1))  # heads back in order: (n, 1, heads * D)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm.lm_head(body.norm(h))[:, -1]
 

@@ -162,8 +162,8 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
        so the prompt is computed once and its cache (and last logits) repeated G times.
     2. Decode: each step samples one token per row (``next_token``) and feeds it back through the model,
        which attends to the cache and appends its own keys and values. The step is ``DecodeStep``
-       (decode_step.py: the model's layers called directly over a preallocated cache) where the architecture
-       allows, else ``HFDecodeStep`` (``model(...)``); ``decode_step="hf"`` forces the latter.
+       (decode_step.py: the model's layers called directly) where ``has_decode_step`` allows, else
+       ``HFDecodeStep`` (``model(...)`` with HF's cache); ``decode_step="hf"`` forces the latter.
     3. A row that samples eos is finished. HF ``generate`` keeps computing finished rows until the last one
        ends; here they are dropped from the batch and the cache once they are a quarter of it, so later steps
        spend their compute on the rows still running.
@@ -182,6 +182,7 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
     position = prompt_mask.sum(1, keepdim=True)  # (n, 1): the position of the token being fed in
     step_class = DecodeStep if (decode_step == "auto" and has_decode_step(model)) else HFDecodeStep
     step = step_class(model, cache, prompt_mask, max_new_tokens)
+    del cache  # the step holds what it needs; the prompt cache must not outlive the rows it drops
 
     out = torch.full((len(logits), max_new_tokens), pad_id, dtype=torch.long, device=device)  # (B*G, T)
     rows = torch.arange(len(logits), device=device)  # which output row each batch row writes to

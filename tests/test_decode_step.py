@@ -1,10 +1,10 @@
-"""decode_step.DecodeStep (the model's layers called directly, preallocated KV cache) against
-HFDecodeStep (model(...) with HF's DynamicCache): the same next-token logits, step after step, for every
-architecture DecodeStep claims, with left padding, grouped-query attention, LoRA adapters and dropped rows."""
+"""decode_step.DecodeStep (the model's layers called directly) against HFDecodeStep (model(...) with HF's
+DynamicCache): the same next-token logits to the bit, step after step, for every architecture DecodeStep claims,
+with left padding, grouped-query attention, LoRA adapters and dropped rows; and what has_decode_step turns away."""
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PromptTuningConfig, get_peft_model
 from transformers import (
     AutoModelForCausalLM, AutoTokenizer, DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
     Qwen3Config, Qwen3ForCausalLM,
@@ -74,7 +74,7 @@ def test_decode_step_gives_hf_logits(name):
     ours, hf = steps_logits(model, DecodeStep, ids, mask), steps_logits(model, HFDecodeStep, ids, mask)
     for a, b in zip(ours, hf):
         assert a.shape == b.shape
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert torch.equal(a, b), (a - b).abs().max()
 
 
 def test_decode_step_is_bit_exact_on_the_shipped_model():
@@ -100,10 +100,10 @@ def test_decode_step_with_lora_adapter_on_and_off():
     assert has_decode_step(model)
     ids, mask = prompts()
     with_adapter = steps_logits(model, DecodeStep, ids, mask)
-    torch.testing.assert_close(with_adapter, steps_logits(model, HFDecodeStep, ids, mask), rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(with_adapter, steps_logits(model, HFDecodeStep, ids, mask)))
     with model.disable_adapter():
         without = steps_logits(model, DecodeStep, ids, mask)
-        torch.testing.assert_close(without, steps_logits(model, HFDecodeStep, ids, mask), rtol=1e-5, atol=1e-5)
+        assert all(torch.equal(a, b) for a, b in zip(without, steps_logits(model, HFDecodeStep, ids, mask)))
     assert (with_adapter[0] - without[0]).abs().max() > 1e-2  # the adapter did change the logits
 
 
@@ -111,7 +111,14 @@ def test_decode_uses_the_step_for_known_architectures_and_hf_for_the_rest():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
     sliding = build(Qwen2ForCausalLM, Qwen2Config, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
                     max_window_layers=0)
-    assert not has_decode_step(gpt2) and not has_decode_step(sliding)
+    eager = MODELS["llama"]()
+    eager.config._attn_implementation = "eager"  # the same math, rounded otherwise
+    prompt_tuned = get_peft_model(MODELS["llama"](), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    remote_code_class = type("LlamaForCausalLM", (LlamaForCausalLM,), {})  # a familiar name, defined elsewhere
+    assert remote_code_class.__module__ == __name__
+    lookalike = remote_code_class(MODELS["llama"]().config)
+    for model in (gpt2, sliding, eager, prompt_tuned, lookalike):
+        assert not has_decode_step(model)
     ids, mask = prompts()
     kw = dict(num_generations=2, max_new_tokens=8, temperature=1.0, top_p=1.0, do_sample=False, eos_ids=[2], pad_id=0)
     for model in (gpt2, MODELS["qwen2"]()):  # the fallback and the written-out step give greedy tokens alike
