@@ -172,13 +172,7 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
         raise ValueError(f"decode_step must be 'auto' or 'hf', not {decode_step!r}")
     device, G = prompt_ids.device, num_generations
     eos = torch.tensor(eos_ids, device=device)
-    cache = DynamicCache(config=model.config)
-    position_ids = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # left padding does not shift positions
-    logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
-    cache.batch_repeat_interleave(G)
-    logits = logits.repeat_interleave(G, dim=0)  # (B*G, V)
-    prompt_mask = prompt_mask.repeat_interleave(G, dim=0)  # (B*G, P)
+    logits, cache, prompt_mask = prefill(model, prompt_ids, prompt_mask, G)
     position = prompt_mask.sum(1, keepdim=True)  # (n, 1): the position of the token being fed in
     step_class = DecodeStep if (decode_step == "auto" and has_decode_step(model)) else HFDecodeStep
     step = step_class(model, cache, prompt_mask, max_new_tokens)
@@ -200,6 +194,20 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
         logits = step(token, position)  # (n, V)
         position = position + 1
     return out
+
+
+def prefill(model, prompt_ids, prompt_mask, num_generations: int):
+    """One forward pass over the B distinct prompts (B, P), its KV cache and last logits repeated G times.
+
+    Returns logits (B*G, V) for each row's first token, the cache (B*G rows) and the repeated prompt mask (B*G, P).
+    """
+    cache = DynamicCache(config=model.config)
+    position_ids = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # left padding does not shift positions
+    logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
+    G = num_generations
+    cache.batch_repeat_interleave(G)
+    return logits.repeat_interleave(G, dim=0), cache, prompt_mask.repeat_interleave(G, dim=0)
 
 
 def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, do_sample: bool) -> torch.LongTensor:

@@ -6,12 +6,12 @@ import pytest
 import torch
 from peft import LoraConfig, PromptTuningConfig, get_peft_model
 from transformers import (
-    AutoModelForCausalLM, AutoTokenizer, DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-    Qwen3Config, Qwen3ForCausalLM,
+    AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+    Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
 from minigrpo.decode_step import DecodeStep, HFDecodeStep, has_decode_step
-from minigrpo.rollout import decode
+from minigrpo.rollout import decode, prefill
 from minigrpo.tasks import get_task
 
 V = 40
@@ -47,12 +47,8 @@ def prompts(B=3, P=7):
 def steps_logits(model, step_class, ids, mask, G=2, n_steps=6, drop_at=3):
     """Prefill as decode does, then feed a fixed token sequence; drop two rows at step drop_at."""
     V = model.config.vocab_size
-    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-              past_key_values=cache, use_cache=True)
-        cache.batch_repeat_interleave(G)
-        mask = mask.repeat_interleave(G, dim=0)
+        _, cache, mask = prefill(model, ids, mask, G)
         position = mask.sum(1, keepdim=True)
         step = step_class(model, cache, mask, n_steps)
         out, tokens = [], torch.arange(len(mask)) % (V - 3) + 3
