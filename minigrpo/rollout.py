@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
+from .prompts import encode_prompts, left_pad
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Rollout:
     completion_mask: torch.Tensor  # (B*G, T) float: 1 up to and including the first eos
     completions: list[str]  # decoded text, special tokens skipped (<think> tags are not special)
     is_truncated: torch.BoolTensor  # (B*G,) no eos within max_completion_length
+    sampling_logp: torch.Tensor | None = None  # (B*G, T) log-probs the engine sampled with (vLLM); None = the policy's
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -91,16 +93,17 @@ def sample_completions(
     temperature: float = 1.0,
     top_p: float = 1.0,
     do_sample: bool = True,
+    chat_template_kwargs: dict | None = None,
 ) -> Rollout:
     """Generate ``num_generations`` completions per prompt (greedy when ``do_sample=False``) with ``decode``.
 
-    Prompts are tokenized as given (with the tokenizer's own special tokens, e.g. bos);
-    chat templates, if any, are the caller's business.
+    Prompts are strings (tokenized with the tokenizer's own special tokens, e.g. bos) or lists of chat
+    messages (rendered by the chat template with ``chat_template_kwargs``): see prompts.py.
     """
     device = next(model.parameters()).device
-    encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    encoded = _encode(tokenizer, prompts, chat_template_kwargs, pad_id)
     was_training = model.training
     model.eval()
     completion_ids = decode(
@@ -125,17 +128,18 @@ def sample_completions_hf(
     temperature: float = 1.0,
     top_p: float = 1.0,
     do_sample: bool = True,
+    chat_template_kwargs: dict | None = None,
 ) -> Rollout:
     """The same as ``sample_completions``, with HF ``model.generate`` doing the decoding: the reference
     ``decode`` is tested and benchmarked against (``minigrpo bench``)."""
     device = next(model.parameters()).device
-    encoded = tokenizer(prompts, padding=True, padding_side="left", return_tensors="pt")
-    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
     config = generation_config(
         model, tokenizer, max_completion_length=max_completion_length,
         temperature=temperature, top_p=top_p, do_sample=do_sample,
     )
+    encoded = _encode(tokenizer, prompts, chat_template_kwargs, config.pad_token_id)
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
     was_training = model.training
     model.eval()
     sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=config)
@@ -226,6 +230,12 @@ def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, do_sam
         drop[:, -1] = False  # the most likely token always stays
         logits = logits.masked_fill(drop.scatter(1, sorted_idx, drop), float("-inf"))
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
+
+
+def _encode(tokenizer, prompts, chat_template_kwargs, pad_id) -> dict:
+    """Prompts (strings or chat messages) -> left-padded {"input_ids", "attention_mask"}, both (B, P)."""
+    input_ids, attention_mask = left_pad(encode_prompts(tokenizer, prompts, chat_template_kwargs), pad_id)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos_ids, pad_id) -> Rollout:

@@ -41,15 +41,18 @@ class Task:
         """The default policy: a tiny Llama warm-started to ~25% greedy accuracy, with its tokenizer."""
         return DATA_DIR / "models" / self.name
 
+    required_columns: tuple[str, ...] = ("answer",)  # what grade() reads from a row, besides the prompt
+
     def load(self, split: str) -> list[dict]:
         """Rows ``{"prompt": ..., "answer": ...}`` of ``data/tasks/<name>/<split>.jsonl`` (split: train or test).
 
-        A line that is not a JSON object with a string "prompt" and an "answer" raises DataError naming the line.
+        A line that is not a JSON object with a "prompt" (a string or a list of messages) and the task's
+        required columns raises DataError naming the line.
         """
         path = self.data_dir / f"{split}.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
-        return read_rows(path)
+        return read_rows(path, self.required_columns)
 
     # ---- problem generation ---------------------------------------------------------------------
     def make_problem(self, rng: random.Random) -> dict:
@@ -84,17 +87,24 @@ class Task:
         predicted = self.extract_answer(_text(completion))
         return predicted is not None and predicted == str(answer).strip()
 
+    def grade(self, completion, row: dict) -> bool:
+        """Whether ``completion`` solves the problem of ``row``: what evaluation counts and the reward pays.
+        Here the row's ``answer``; a task whose check needs other columns (countdown: the numbers and the
+        target) overrides this."""
+        return self.is_correct(_text(completion), row["answer"])
+
     # ---- rewards (TRL's reward-function signature) ----------------------------------------------
-    def correctness_reward(self, prompts, completions, answer, **row) -> list[float]:
-        """1.0 for a correct final answer, else 0.0. ``answer`` holds one reference per completion."""
-        return [float(self.is_correct(c, a)) for c, a in zip(completions, answer, strict=True)]
+    def correctness_reward(self, prompts, completions, **columns) -> list[float]:
+        """1.0 for a correct final answer, else 0.0. ``columns`` (e.g. ``answer``) hold one value per completion."""
+        rows = [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else [{}] * len(completions)
+        return [float(self.grade(c, row)) for c, row in zip(completions, rows, strict=True)]
 
     def format_reward(self, prompts, completions, **row) -> list[float]:
         """1.0 for a well-formed completion, else 0.0; says nothing about correctness."""
         return [float(self.is_well_formed(_text(c))) for c in completions]
 
 
-def read_rows(path: Path) -> list[dict]:
+def read_rows(path: Path, required: tuple[str, ...] = ("answer",)) -> list[dict]:
     """The rows of a JSONL file of problems, each checked, so bad data fails here and not deep in training."""
     rows = []
     with open(path) as f:
@@ -105,10 +115,26 @@ def read_rows(path: Path) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-                raise DataError(f'{path}:{number}: expected an object with a string "prompt" and an "answer"')
+            problem = check_row(row, required)
+            if problem:
+                raise DataError(f"{path}:{number}: {problem}")
             rows.append(row)
     return rows
+
+
+def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:
+    """What is wrong with a dataset row, or None: a "prompt" (a string, or a non-empty list of
+    {"role", "content"} messages, TRL's two formats) and the ``required`` columns."""
+    if not isinstance(row, dict):
+        return f"expected an object, got {type(row).__name__}"
+    prompt = row.get("prompt")
+    messages_ok = isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+    if not (isinstance(prompt, str) or messages_ok):
+        return ('expected a "prompt": a string or a list of {"role": ..., "content": ...} messages'
+                if "prompt" in row else f'no "prompt" column (columns: {", ".join(row) or "none"})')
+    missing = [c for c in required if c not in row]
+    return f"missing column(s) {', '.join(map(repr, missing))} that this task grades with" if missing else None
 
 
 def _text(completion) -> str:

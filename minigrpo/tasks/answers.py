@@ -1,0 +1,94 @@
+"""The R1 answer format: the system prompt that asks for it, and reading the final answer back out.
+
+DeepSeek-R1-Zero's template (DeepSeek-AI 2025, Table 1) asks the model to reason inside ``<think>`` and to
+answer inside ``<answer>``:
+
+    <think> reasoning process here </think> <answer> answer here </answer>
+
+The checkers read the answer the way the GRPO recipes for GSM8K do (TRL's and Unsloth's notebooks,
+open-r1): the last ``<answer>...</answer>``; failing that the last ``\\boxed{...}`` (what Qwen's math-tuned
+models write); failing that the last number in the text. Numbers compare after ``normalize_number``
+drops thousands separators, a ``$`` and a zero fraction, so "1,234", "$1234" and "1234.00" all read 1234.
+
+Everything here is plain string work on bounded input: no ``eval``, and nothing that a long or hostile
+completion can turn into an exception.
+"""
+
+import re
+
+__all__ = ["R1_SYSTEM_PROMPT", "answer_tag", "boxed", "last_number", "normalize_number", "final_answer",
+           "same_answer"]
+
+R1_SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
+    "assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+    "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
+    "respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>."
+)
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+MAX_NUMBER_DIGITS = 1000  # a longer digit string is not an answer anyone asked for; it reads as no number
+
+
+def answer_tag(text: str) -> str | None:
+    """The stripped content of the last ``<answer>...</answer>``, or None."""
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces matched), or None when there is none or it is
+    not closed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return text[begin:i].strip()
+    return None
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in the text ("1,234.5", "-3", "$40"), as written, or None."""
+    found = _NUMBER.findall(text)
+    return found[-1] if found else None
+
+
+def normalize_number(text: str) -> str | None:
+    """A number's canonical form, or None if ``text`` is not one number: "1,234" -> "1234", "$40" -> "40",
+    "72.0" -> "72", "0.50" -> "0.5", "-0" -> "0", " 7. " -> "7". Commas and "$" anywhere are dropped."""
+    text = text.strip().replace(",", "").replace("$", "").rstrip(".").strip()
+    if not _PLAIN_NUMBER.fullmatch(text) or len(text) > MAX_NUMBER_DIGITS:
+        return None
+    sign = "-" if text.startswith("-") else ""
+    whole, _, fraction = text.lstrip("-").partition(".")
+    whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
+    number = whole + ("." + fraction if fraction else "")
+    return "0" if number == "0" else sign + number
+
+
+def final_answer(text: str) -> str | None:
+    """The model's final answer: the ``<answer>`` tag's content, else ``\\boxed{}``'s, else the last number."""
+    for extract in (answer_tag, boxed, last_number):
+        found = extract(text)
+        if found is not None:
+            return found
+    return None
+
+
+def same_answer(predicted: str | None, reference) -> bool:
+    """Numbers compare by value (``normalize_number``); anything else as stripped, case-folded text."""
+    if predicted is None:
+        return False
+    reference = str(reference)
+    a, b = normalize_number(predicted), normalize_number(reference)
+    if a is not None and b is not None:
+        return a == b
+    if a is None and b is not None:  # "<answer>The answer is 42</answer>": the number inside
+        inner = last_number(predicted)
+        return inner is not None and normalize_number(inner) == b
+    return predicted.strip().casefold() == reference.strip().casefold()
