@@ -6,6 +6,7 @@ Set fields from a YAML file (`--config run.yaml`) and/or command-line flags (`--
 """
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from types import UnionType
@@ -22,7 +23,14 @@ class ConfigError(ValueError):
 class Config:
     # --- model, task, run ---
     model_name_or_path: str | None = None  # HF hub name or local dir; None = the task's shipped tiny model
-    task: str = "think_addition"  # minigrpo: a task from minigrpo/tasks ("think_addition", "addition")
+    task: str = "think_addition"  # minigrpo: the grader: think_addition, addition, countdown, gsm8k, answer (tasks/)
+    # TRL's ScriptArguments names. None = the task's own rows (data/tasks/<task>/, or the hub for gsm8k); else a
+    # .jsonl/.parquet file (its last tenth held out for evaluation), a folder of split files, or a hub dataset
+    dataset_name: str | None = None  # --dataset
+    dataset_config: str | None = None
+    dataset_train_split: str = "train"
+    dataset_test_split: str = "test"
+    chat_template_kwargs: dict | None = None  # passed to the chat template, e.g. {"enable_thinking": false} (Qwen3)
     output_dir: str = "runs/grpo"  # --out
     seed: int = 0
     max_steps: int = 100
@@ -46,7 +54,9 @@ class Config:
     temperature: float = 1.0
     top_p: float = 1.0
     # --- rewards and advantages ---
-    reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])  # see minigrpo/rewards.py
+    # names (correctness, format, r1_format, r1_format_soft, overlong, random) or your own as module:function or
+    # path/to/file.py:function, with TRL's signature (trainer.build_reward_funcs)
+    reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
     std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
@@ -148,7 +158,8 @@ class Config:
         return dataclasses.asdict(self)
 
 
-ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume_from_checkpoint"}  # short flags of the CLI
+ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume_from_checkpoint",
+           "dataset": "dataset_name"}  # short flags of the CLI
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -166,6 +177,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             item_type = get_args(base)[0]
             items = value.split(",") if isinstance(value, str) else list(value)
             return [item_type(v.strip() if isinstance(v, str) else v) for v in items]
+        if base is dict:  # YAML gives a mapping; a flag gives JSON: --chat-template-kwargs '{"enable_thinking": false}'
+            value = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(value, dict):
+                raise ValueError(value)
+            return value
         if base is bool:
             if isinstance(value, bool):
                 return value
@@ -179,7 +195,7 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if base is float and not math.isfinite(float(value)):  # no field means anything with NaN or inf
             raise ValueError(value)
         return base(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError):  # json.JSONDecodeError is a ValueError
         raise ConfigError(f"{key}: cannot read {value!r} as {getattr(base, '__name__', base)}") from None
 
 

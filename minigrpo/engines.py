@@ -36,12 +36,13 @@ class RolloutEngine(Protocol):
 class GenerateEngine:
     """Samples with the policy itself (rollout.sample_completions): it *is* the policy, so sync_weights has nothing to do."""
 
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, chat_template_kwargs: dict | None = None):
+        self.model, self.tokenizer, self.chat_template_kwargs = model, tokenizer, chat_template_kwargs
 
     def generate(self, prompts, *, num_generations, max_completion_length, temperature=1.0, top_p=1.0) -> Rollout:
         return sample_completions(self.model, self.tokenizer, prompts, num_generations=num_generations,
-                                  max_completion_length=max_completion_length, temperature=temperature, top_p=top_p)
+                                  max_completion_length=max_completion_length, temperature=temperature, top_p=top_p,
+                                  chat_template_kwargs=self.chat_template_kwargs)
 
     def sync_weights(self) -> None:
         pass
@@ -53,7 +54,7 @@ def make_engine(cfg, model, tokenizer) -> RolloutEngine:
         from .rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
 
         return VLLMEngine(model, tokenizer, seed=cfg.seed)
-    return GenerateEngine(model, tokenizer)
+    return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)
 
 
 def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]], tokenizer, eos_ids: list[int],

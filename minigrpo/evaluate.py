@@ -29,14 +29,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _generate_all(model, tokenizer, task, prompts, *, num_generations, batch_size, **sampling):
+def _generate_all(model, tokenizer, task, prompts, *, num_generations, batch_size, chat_template_kwargs, **sampling):
     """Completions (grouped by prompt) and their lengths, generated ``batch_size`` sequences at a time."""
     prompts_per_batch = max(1, batch_size // num_generations)
     completions, lengths = [], []
     for start in range(0, len(prompts), prompts_per_batch):
         rollout = sample_completions(
             model, tokenizer, prompts[start:start + prompts_per_batch],
-            num_generations=num_generations, max_completion_length=task.max_completion_length, **sampling,
+            num_generations=num_generations, max_completion_length=task.max_completion_length,
+            chat_template_kwargs=chat_template_kwargs, **sampling,
         )
         completions += rollout.completions
         lengths += rollout.completion_lengths.tolist()
@@ -44,29 +45,31 @@ def _generate_all(model, tokenizer, task, prompts, *, num_generations, batch_siz
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256) -> dict:
-    """Score ``model`` on ``rows`` (dicts with "prompt" and "answer").
+def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256,
+             chat_template_kwargs: dict | None = None) -> dict:
+    """Score ``model`` on ``rows`` (dicts with a "prompt" and what ``task.grade`` reads, e.g. "answer").
 
     Always: ``accuracy_greedy``, ``format_greedy`` and ``mean_length_greedy`` (completion
     tokens, eos included). With ``num_samples = k > 0`` also ``accuracy_sampled``,
     ``format_sampled``, ``mean_length_sampled`` and ``pass@1`` .. ``pass@k`` from k samples
-    per problem. ``batch_size`` is the number of sequences generated at once.
+    per problem. ``batch_size`` is the number of sequences generated at once. Conversational prompts go through
+    the chat template with ``chat_template_kwargs`` (prompts.py).
     """
     prompts = [row["prompt"] for row in rows]
-    answers = [row["answer"] for row in rows]
     results = {"num_problems": len(rows)}
+    generate = lambda k, **sampling: _generate_all(  # noqa: E731
+        model, tokenizer, task, prompts, num_generations=k, batch_size=batch_size,
+        chat_template_kwargs=chat_template_kwargs, **sampling)
 
-    completions, lengths = _generate_all(model, tokenizer, task, prompts, num_generations=1, batch_size=batch_size, do_sample=False)
-    results["accuracy_greedy"] = sum(task.is_correct(c, a) for c, a in zip(completions, answers)) / len(rows)
+    completions, lengths = generate(1, do_sample=False)
+    results["accuracy_greedy"] = sum(task.grade(c, row) for c, row in zip(completions, rows)) / len(rows)
     results["format_greedy"] = sum(task.is_well_formed(c) for c in completions) / len(rows)
     results["mean_length_greedy"] = sum(lengths) / len(lengths)
 
     if num_samples > 0:
         k = num_samples
-        completions, lengths = _generate_all(
-            model, tokenizer, task, prompts, num_generations=k, batch_size=batch_size, do_sample=True, temperature=temperature
-        )
-        correct = [task.is_correct(c, answers[i // k]) for i, c in enumerate(completions)]  # grouped: row i*k.. is prompt i
+        completions, lengths = generate(k, do_sample=True, temperature=temperature)
+        correct = [task.grade(c, rows[i // k]) for i, c in enumerate(completions)]  # grouped: row i*k.. is prompt i
         num_correct = [sum(correct[i * k:(i + 1) * k]) for i in range(len(rows))]
         results["accuracy_sampled"] = sum(correct) / len(correct)
         results["format_sampled"] = sum(task.is_well_formed(c) for c in completions) / len(completions)

@@ -61,7 +61,7 @@ from .models import (is_quantized, load_policy, parameter_counts, peak_memory_by
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError
 from .tasks import get_task
-from .trainer import PromptSampler, collect_batch, gather_batch, lr_lambda, prepare_task, step_metrics
+from .trainer import PromptSampler, collect_batch, gather_batch, lr_lambda, policy_path, prepare_task, step_metrics
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -153,7 +153,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
     task = get_task(cfg.task)
-    model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full or LoRA
+    model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full or LoRA
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
@@ -177,7 +177,8 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
 
-    before = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    before = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature,
+                      chat_template_kwargs=cfg.chat_template_kwargs)
     G, wall_seconds = cfg.num_generations, 0.0
     bar = tqdm(range(1, cfg.max_steps + 1), total=cfg.max_steps, desc="ppo", disable=not progress, dynamic_ncols=True)
     for step in bar:
@@ -232,21 +233,23 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                    step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-            row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
+            row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows,
+                                                   chat_template_kwargs=cfg.chat_template_kwargs)["accuracy_greedy"]
         metrics_file.write(json.dumps(row) + "\n")
         metrics_file.flush()
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
     metrics_file.close()
 
-    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature,
+                     chat_template_kwargs=cfg.chat_template_kwargs)
     trainable_params, total_params = parameter_counts(model)
     critic_trainable, critic_total = parameter_counts(value_model)
     peak_memory = peak_memory_bytes(device)
     if cfg.save_model:  # the policy only: the critic is a training device, not a product
-        save_policy(model, tokenizer, out / "model", base_name_or_path=cfg.model_name_or_path or task.model_dir,
+        save_policy(model, tokenizer, out / "model", base_name_or_path=policy_path(cfg, task),
                     dtype=cfg.dtype)
     summary = {
-        "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "algorithm": "ppo",
+        "task": task.name, "model": str(policy_path(cfg, task)), "algorithm": "ppo",
         "loss_type": "ppo", "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
         "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
         "accuracy_before_sampled": before.get("accuracy_sampled"),

@@ -15,19 +15,49 @@ A function that raises, returns the wrong number of values or a non-number stops
 error naming the function and the completion.
 """
 
+import importlib
+import importlib.util
 import math
 import random
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
-__all__ = ["RewardError", "overlong_penalty", "shuffled", "score_completions", "combine_rewards"]
+__all__ = ["RewardError", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled", "load_reward_func",
+           "score_completions", "combine_rewards"]
 
 RewardFunc = Callable[..., list]
 
 
 class RewardError(RuntimeError):
     """A reward function misbehaved; the message names it and the completion."""
+
+
+# The R1 format (DeepSeek-R1's template: reasoning in <think>, answer in <answer>), in the two forms GRPO
+# recipes use. Strict is open-r1's `format_reward`: the whole completion, tags on their own lines. Soft is the
+# pattern of the GSM8K GRPO notebooks (willccbb's, Unsloth's): the two blocks in order, whitespace free,
+# anything allowed around them. Soft is easier to learn; strict leaves nothing outside the blocks.
+R1_STRICT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL)
+R1_SOFT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+
+
+def _completion_text(completion) -> str:
+    """Text of a completion, also in TRL's conversational form [{"role": "assistant", "content": ...}]."""
+    if isinstance(completion, list):
+        return completion[-1]["content"] if completion else ""
+    return completion or ""
+
+
+def r1_format(prompts, completions, **row) -> list[float]:
+    """1.0 if the completion is exactly "<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>", else 0.0."""
+    return [float(R1_STRICT.fullmatch(_completion_text(c)) is not None) for c in completions]
+
+
+def r1_format_soft(prompts, completions, **row) -> list[float]:
+    """1.0 if "<think>...</think>" is followed by "<answer>...</answer>" anywhere in the completion, else 0.0."""
+    return [float(R1_SOFT.search(_completion_text(c)) is not None) for c in completions]
 
 
 def overlong_penalty(max_completion_length: int, buffer_len: int) -> RewardFunc:
@@ -73,6 +103,32 @@ def shuffled(reward_func: RewardFunc, seed: int = 0) -> RewardFunc:
     random_reward.__name__ = f"random_{getattr(reward_func, '__name__', 'reward')}"
     random_reward.rng = rng  # checkpoint.py saves and restores it, so a resumed run shuffles the same way
     return random_reward
+
+
+def load_reward_func(spec: str) -> RewardFunc:
+    """Your own reward function from "package.module:function" or "path/to/file.py:function" (TRL's signature).
+
+    A spec that does not import, or names no callable, is a one-line RewardError naming the spec.
+    """
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise RewardError(f"reward_funcs: {spec!r} is not a known reward name, module:function or file.py:function")
+    try:
+        if target.endswith(".py"):
+            path = Path(target).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"no file {path}")
+            module_spec = importlib.util.spec_from_file_location(f"minigrpo_user_rewards_{path.stem}", path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)  # the user's own file, as TRL's --reward_funcs imports modules
+        else:
+            module = importlib.import_module(target)
+        func = getattr(module, attr)
+    except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, AttributeError, ...: one line
+        raise RewardError(f"reward_funcs: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+    if not callable(func):
+        raise RewardError(f"reward_funcs: {spec!r} is a {type(func).__name__}, not a function")
+    return func
 
 
 def _name(func) -> str:

@@ -43,17 +43,24 @@ from .logprobs import completion_logprobs
 from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
                      save_policy)
 from .objectives import policy_loss
-from .rewards import RewardError, combine_rewards, overlong_penalty, score_completions, shuffled
+from .prompts import completions_for_rewards, encode_prompts
+from .rewards import (RewardError, combine_rewards, load_reward_func, overlong_penalty, r1_format, r1_format_soft,
+                      score_completions, shuffled)
 from .tasks import Task, get_task
 
-__all__ = ["train", "build_reward_funcs"]
+__all__ = ["train", "build_reward_funcs", "policy_path"]
 
 
 def build_reward_funcs(names: list[str], task: Task, max_completion_length: int, cfg: Config):
-    """Reward names -> functions: correctness, format (the task's), overlong (DAPO), random (control)."""
+    """Reward names -> functions: correctness, format (the task's), r1_format / r1_format_soft (the R1 tags, any
+    task), overlong (DAPO), random (control), or your own as "module:function" / "path/file.py:function"."""
     funcs = []
     for name in names:
-        if name == "correctness":
+        if ":" in name:
+            funcs.append(load_reward_func(name))
+        elif name in ("r1_format", "r1_format_soft"):
+            funcs.append(r1_format if name == "r1_format" else r1_format_soft)
+        elif name == "correctness":
             funcs.append(task.correctness_reward)
         elif name == "format":
             funcs.append(task.format_reward)
@@ -62,7 +69,8 @@ def build_reward_funcs(names: list[str], task: Task, max_completion_length: int,
         elif name == "random":
             funcs.append(shuffled(task.correctness_reward, seed=cfg.seed))
         else:
-            raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, overlong, random)")
+            raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, r1_format, "
+                              f"r1_format_soft, overlong, random, or module:function / path/file.py:function)")
     return funcs
 
 
@@ -119,7 +127,9 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
         rows = [r for r in rows for _ in range(G)]  # one row per completion, grouped like the rollout
         columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
         columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(roll.completion_ids, roll.completion_mask)]
-        rewards_per_func, unscorable = score_completions(reward_funcs, [r["prompt"] for r in rows], roll.completions, columns)
+        prompts = [r["prompt"] for r in rows]  # as TRL passes them: strings, or lists of messages
+        rewards_per_func, unscorable = score_completions(reward_funcs, prompts,
+                                                         completions_for_rewards(prompts, roll.completions), columns)
         rewards = combine_rewards(rewards_per_func, unscorable, weights)  # (N,), NaN = unscorable
         if cfg.kl_in_reward and cfg.beta > 0:
             with torch.no_grad():
@@ -196,6 +206,14 @@ def start_or_resume(cfg: Config, out: Path, **training_objects) -> tuple[int, di
     return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
 
 
+def policy_path(cfg: Config, task: Task):
+    """The model to train: cfg.model_name_or_path, else the task's shipped tiny model (addition tasks only)."""
+    if cfg.model_name_or_path is None and not task.model_dir.exists():
+        raise ConfigError(f"model_name_or_path: the task {task.name!r} ships no model; pass one with --model "
+                          f"(a local directory or a hub name such as Qwen/Qwen2.5-0.5B-Instruct)")
+    return cfg.model_name_or_path or task.model_dir
+
+
 def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs: list | None = None):
     """The run's rows and reward functions, checked before any step: (train_rows, test_rows, reward_funcs,
     reward_weights, max_completion_length). One-line ConfigError for an empty split, a weight count that does
@@ -206,14 +224,16 @@ def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs:
     weights = cfg.reward_weights or [1.0] * len(reward_funcs)
     if len(weights) != len(reward_funcs):
         raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
-    train_rows, test_rows = task.load("train"), task.load("test")[: cfg.eval_limit]
+    load = lambda split: task.load(split, cfg.dataset_name, cfg.dataset_config)  # noqa: E731
+    train_rows, test_rows = load(cfg.dataset_train_split), load(cfg.dataset_test_split)[: cfg.eval_limit]
     for split, rows in (("train", train_rows), ("test", test_rows)):
         if not rows:
-            raise ConfigError(f"task: the {split} split of {task.name!r} is empty")
+            raise ConfigError(f"task: the {split} split of {cfg.dataset_name or task.name!r} is empty")
     context = getattr(model_config, "max_position_embeddings", None)
     # Training samples max_len tokens, evaluation the task's own max_completion_length.
     for rows, completion_len in ((train_rows, max_len), (test_rows, task.max_completion_length)):
-        longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for r in rows)
+        prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.chat_template_kwargs)
+        longest_prompt = max(len(ids) for ids in prompt_ids)
         if context is not None and longest_prompt + completion_len > context:
             raise ConfigError(
                 f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
@@ -240,7 +260,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     torch.manual_seed(cfg.seed)  # the same on every rank: identical starting weights (and LoRA initialisation)
     random.seed(cfg.seed)
     task = get_task(cfg.task)
-    model, tokenizer = load_policy(cfg, cfg.model_name_or_path or task.model_dir, device)  # full, LoRA or QLoRA
+    model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full, LoRA or QLoRA
     if W > 1:
         torch.manual_seed(cfg.seed + rank)  # ... but each rank samples its own completions
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
@@ -266,7 +286,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
 
     if main and run_state["before"] is None:
         run_state["before"] = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples,
-                                       temperature=cfg.temperature)
+                                       temperature=cfg.temperature, chat_template_kwargs=cfg.chat_template_kwargs)
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and main), dynamic_ncols=True)
     for step in bar:
@@ -332,7 +352,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds)  # all sampled tokens
         if main:
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-                row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows)["accuracy_greedy"]
+                row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows,
+                                                       chat_template_kwargs=cfg.chat_template_kwargs)["accuracy_greedy"]
             metrics_file.write(json.dumps(row) + "\n")
             metrics_file.flush()
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
@@ -350,13 +371,14 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     metrics_file.close()
 
     before = run_state["before"]
-    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature)
+    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature,
+                     chat_template_kwargs=cfg.chat_template_kwargs)
     trainable_params, total_params = parameter_counts(model)
     peak_memory = peak_memory_bytes(device)  # before saving: merging a LoRA adapter reloads the base model
     if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/
-        save_policy(model, tokenizer, out / "model", base_name_or_path=cfg.model_name_or_path or task.model_dir, dtype=cfg.dtype)
+        save_policy(model, tokenizer, out / "model", base_name_or_path=policy_path(cfg, task), dtype=cfg.dtype)
     summary = {
-        "task": task.name, "model": str(cfg.model_name_or_path or task.model_dir), "loss_type": cfg.loss_type,
+        "task": task.name, "model": str(policy_path(cfg, task)), "dataset": cfg.dataset_name, "loss_type": cfg.loss_type,
         "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(run_state["wall_seconds"], 2),
         "resumed_from_step": start_step if cfg.resume_from_checkpoint else None,
         "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
@@ -379,7 +401,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
 def gather_batch(batch: dict, task: Task) -> dict:
     """What step_metrics reads of a batch, as CPU tensors, concatenated over the processes in rank order (so
     in the order a one-process run holds the same prompts). With one process: this batch's."""
-    correct = [task.is_correct(c, r["answer"]) for c, r in zip(batch["completions"], batch["rows"])]
+    correct = [task.grade(c, r) for c, r in zip(batch["completions"], batch["rows"])]
     mine = {
         "rewards": batch["rewards"].cpu(), "adv": batch["adv"].cpu(), "correct": torch.tensor(correct),
         "lengths": batch["completion_mask"].sum(1).cpu(), "is_truncated": batch["is_truncated"].cpu(),

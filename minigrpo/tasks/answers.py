@@ -15,8 +15,12 @@ completion can turn into an exception.
 """
 
 import re
+from dataclasses import dataclass
 
-__all__ = ["R1_SYSTEM_PROMPT", "answer_tag", "boxed", "last_number", "normalize_number", "final_answer",
+from ..rewards import R1_SOFT
+from .base import Task
+
+__all__ = ["AnswerTask", "R1_SYSTEM_PROMPT", "answer_tag", "boxed", "last_number", "normalize_number", "final_answer",
            "same_answer"]
 
 R1_SYSTEM_PROMPT = (
@@ -92,3 +96,28 @@ def same_answer(predicted: str | None, reference) -> bool:
         inner = last_number(predicted)
         return inner is not None and normalize_number(inner) == b
     return predicted.strip().casefold() == reference.strip().casefold()
+
+
+@dataclass(frozen=True)
+class AnswerTask(Task):
+    """``answer``: your own rows ``{"prompt": ..., "answer": ...}``, graded with no code of yours.
+
+        minigrpo train --task answer --dataset my_rows.jsonl --model Qwen/Qwen2.5-0.5B-Instruct
+
+    The completion's final answer (``final_answer``: the ``<answer>`` tag, else ``\\boxed{}``, else the last
+    number) must equal the row's ``answer``: by value when both are numbers, else as case-folded text.
+    ``is_well_formed`` is the R1 shape ``<think>...</think> <answer>...</answer>``. The task ships no data and
+    no model: ``dataset_name`` and ``model_name_or_path`` are required.
+    """
+
+    name: str = "answer"
+    max_completion_length: int = 512  # room for a real model's reasoning; the recipes set their own
+
+    def extract_answer(self, completion: str) -> str | None:
+        return final_answer(completion)
+
+    def is_correct(self, completion: str, answer) -> bool:
+        return same_answer(final_answer(completion), answer)
+
+    def is_well_formed(self, completion: str) -> bool:
+        return R1_SOFT.search(completion) is not None

@@ -42,17 +42,35 @@ class Task:
         return DATA_DIR / "models" / self.name
 
     required_columns: tuple[str, ...] = ("answer",)  # what grade() reads from a row, besides the prompt
+    dataset: str | None = None  # where load() reads rows by default: None = data/tasks/<name>/; or a hub name
+    dataset_config: str | None = None
 
-    def load(self, split: str) -> list[dict]:
-        """Rows ``{"prompt": ..., "answer": ...}`` of ``data/tasks/<name>/<split>.jsonl`` (split: train or test).
+    def load(self, split: str, dataset: str | None = None, dataset_config: str | None = None) -> list[dict]:
+        """The rows of ``split`` ("train" or "test"): ``{"prompt": ..., "answer": ..., ...}``.
 
-        A line that is not a JSON object with a "prompt" (a string or a list of messages) and the task's
-        required columns raises DataError naming the line.
+        From ``dataset`` when given (a file, a folder or a hub name: sources.py), else from the task's own
+        source: ``data/tasks/<name>/<split>.jsonl`` for the shipped tasks. Each row passes ``prepare_row``
+        (e.g. GSM8K's question -> a chat prompt) and is then checked: a row without a "prompt" (a string or a
+        list of messages) or without the task's required columns raises DataError naming the row.
         """
-        path = self.data_dir / f"{split}.jsonl"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
-        return read_rows(path, self.required_columns)
+        dataset = dataset or self.dataset
+        if dataset is None:
+            path = self.data_dir / f"{split}.jsonl"
+            if not path.exists():
+                raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
+            return read_rows(path, self.required_columns)
+        from .sources import read_dataset
+
+        rows = [self.prepare_row(row) for row in read_dataset(dataset, split, dataset_config or self.dataset_config)]
+        for number, row in enumerate(rows, start=1):
+            problem = check_row(row, self.required_columns)
+            if problem:
+                raise DataError(f"dataset_name: {dataset} ({split} split), row {number}: {problem}")
+        return rows
+
+    def prepare_row(self, row: dict) -> dict:
+        """A row as the dataset stores it -> a row with a "prompt" (identity here; GSM8K builds the prompt)."""
+        return row
 
     # ---- problem generation ---------------------------------------------------------------------
     def make_problem(self, rng: random.Random) -> dict:
