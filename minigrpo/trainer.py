@@ -25,6 +25,7 @@ import json
 import math
 import random
 import time
+import warnings
 from statistics import fmean
 from pathlib import Path
 
@@ -177,6 +178,9 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     batch["zero_std_sampled"] = torch.cat(seen_zero_std)  # (completions sampled,) True where the group's std is 0
     batch["frac_reward_zero_std"] = batch["zero_std_sampled"].float().mean().item()
     batch["sampling_rounds"] = rounds
+    if batch["is_truncated"].float().mean() > 0.5:  # the classic trap: the answer never fits, every reward is 0
+        warnings.warn(f"over half of a batch's completions reached max_completion_length={max_len} without an eos; "
+                      f"cut-off answers usually score 0 and teach nothing: raise max_completion_length", stacklevel=2)
     return batch
 
 

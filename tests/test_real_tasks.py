@@ -1,0 +1,191 @@
+"""The pieces a real model's run is made of, without a model: the R1 answer format, GSM8K rows, datasets from
+files, folders and the hub, reward functions named on the command line, and the truncation warning."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minigrpo.cli import main
+from minigrpo.config import ConfigError, load_config
+from minigrpo.prompts import completions_for_rewards, is_conversational
+from minigrpo.rewards import RewardError, load_reward_func, r1_format, r1_format_soft
+from minigrpo.tasks import DataError, get_task
+from minigrpo.tasks.answers import R1_SYSTEM_PROMPT, boxed, final_answer, normalize_number, same_answer
+from minigrpo.tasks.gsm8k import gsm8k_reference
+from minigrpo.tasks.sources import held_out_size, read_dataset
+
+GSM8K, ANSWER = get_task("gsm8k"), get_task("answer")
+
+
+# ---- reading the final answer ------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, number", [
+    ("72", "72"), ("1,234", "1234"), ("$1,234.00", "1234"), ("72.0", "72"), ("0.50", "0.5"), ("-0", "0"),
+    (" 7. ", "7"), ("007", "7"), ("-3.25", "-3.25"), ("seventy-two", None), ("1.2.3", None), ("", None),
+    ("1e5", None), ("9" * 1001, None),
+])
+def test_normalize_number(text, number):
+    assert normalize_number(text) == number
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("<think>48/2 = 24, 48 + 24 = 72</think>\n<answer>72</answer>", "72"),  # the tag wins
+    ("<answer>71</answer> no wait <answer> 72 </answer>", "72"),  # the last tag
+    ("so the total is \\boxed{72}.", "72"),  # no tag: \boxed{}
+    ("\\boxed{\\frac{1}{2}} then \\boxed{3}", "3"),
+    ("She sold 48 + 24 = 72 clips.", "72"),  # neither: the last number
+    ("The answer is $1,000.", "$1,000"),
+    ("no number here", None),
+    ("", None),
+])
+def test_final_answer_reads_tag_then_boxed_then_last_number(completion, answer):
+    assert final_answer(completion) == answer
+
+
+def test_boxed_matches_nested_braces_and_refuses_unclosed():
+    assert boxed("\\boxed{\\frac{3}{4}}") == "\\frac{3}{4}"
+    assert boxed("\\boxed{12") is None
+
+
+@pytest.mark.parametrize("predicted, reference, same", [
+    ("72", "72", True), ("72.00", "72", True), ("$72", "72", True), ("1,234", "1234", True),
+    ("The answer is 72", "72", True), ("71", "72", False), (None, "72", False),
+    ("Paris", "paris", True), ("Paris ", "Lyon", False),
+])
+def test_same_answer(predicted, reference, same):
+    assert same_answer(predicted, reference) is same
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_grading_any_text_never_raises(text):
+    assert GSM8K.grade(text, {"answer": "72"}) in (True, False)
+    assert ANSWER.is_well_formed(text) in (True, False)
+
+
+def test_hostile_completions_are_just_wrong():
+    hostile = ["<answer>__import__('os').system('echo pwned')</answer>", "<answer>" + "9" * 100_000 + "</answer>",
+               "\\boxed{" * 10_000, "<answer>" * 5_000, "<answer>1e999999</answer>", "\x00\x01<answer></answer>"]
+    assert [GSM8K.grade(text, {"answer": "72"}) for text in hostile] == [False] * len(hostile)
+
+
+# ---- GSM8K rows --------------------------------------------------------------------------------------------
+HUB_ROW = {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
+                       "May. How many clips did Natalia sell altogether in April and May?",
+           "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
+                     "altogether in April and May.\n#### 72"}
+
+
+def test_a_gsm8k_hub_row_becomes_a_chat_prompt_with_the_number_after_the_hashes():
+    row = GSM8K.prepare_row(HUB_ROW)
+    assert row["prompt"] == [{"role": "system", "content": R1_SYSTEM_PROMPT},
+                             {"role": "user", "content": HUB_ROW["question"]}]
+    assert row["answer"] == "72" and row["solution"] == HUB_ROW["answer"]
+    assert gsm8k_reference("... #### 1,234") == "1234"
+    with pytest.raises(DataError, match="without '####'"):
+        gsm8k_reference("no final answer")
+
+
+def test_the_gsm8k_reward_takes_trl_conversational_completions():
+    prompts = [GSM8K.prepare_row(HUB_ROW)["prompt"]] * 3
+    texts = ["<think>48/2=24</think><answer>72</answer>", "<answer>70</answer>", "It is 72."]
+    completions = completions_for_rewards(prompts, texts)
+    assert completions[0] == [{"role": "assistant", "content": texts[0]}]
+    assert GSM8K.correctness_reward(prompts, completions, answer=["72"] * 3, solution=["s"] * 3) == [1.0, 0.0, 1.0]
+    assert GSM8K.format_reward(prompts, completions) == [1.0, 0.0, 0.0]
+    assert completions_for_rewards(["3+4="], ["7"]) == ["7"] and not is_conversational("3+4=")
+
+
+# ---- the R1 format rewards -----------------------------------------------------------------------------------
+def test_r1_format_strict_and_soft():
+    completions = ["<think>\n24 + 48\n</think>\n<answer>\n72\n</answer>",  # both
+                   "<think>24 + 48</think> <answer>72</answer>",  # soft only: tags not on their own lines
+                   "Sure! <think>x</think>\n<answer>72</answer> Hope that helps.",  # soft only: text around
+                   "<answer>72</answer><think>x</think>",  # neither: wrong order
+                   "<think>\nx\n</think>\n", ""]
+    assert r1_format(None, completions) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert r1_format_soft(None, completions) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+# ---- datasets: files, folders, the hub ------------------------------------------------------------------------
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_single_file_holds_out_its_last_tenth_for_evaluation(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)]
+    path = write_jsonl(tmp_path / "mine.jsonl", rows)
+    train, test = read_dataset(str(path), "train"), read_dataset(str(path), "test")
+    assert train == rows[:27] and test == rows[27:]  # 30 // 10 = 3 held out, never trained on
+    assert [held_out_size(n) for n in (0, 1, 2, 19, 100, 10_000)] == [0, 0, 1, 1, 10, 500]
+
+
+def test_a_folder_in_the_hub_layout_reads_parquet_and_jsonl_splits(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "main").mkdir()
+    pq.write_table(pa.Table.from_pylist([HUB_ROW] * 3), tmp_path / "main" / "test-00000-of-00001.parquet")
+    write_jsonl(tmp_path / "main" / "train.jsonl", [HUB_ROW] * 5)
+    test = GSM8K.load("test", str(tmp_path), "main")
+    assert len(test) == 3 and test[0]["answer"] == "72" and test[0]["prompt"][0]["role"] == "system"
+    assert len(GSM8K.load("train", str(tmp_path), "main")) == 5
+    with pytest.raises(DataError, match="no 'validation' split"):
+        GSM8K.load("validation", str(tmp_path), "main")
+
+
+def test_rows_without_a_prompt_or_the_graded_column_are_named(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "q", "answer": "1"}] * 20 + [{"question": "q"}])
+    with pytest.raises(DataError, match=r"\(test split\), row 2: no \"prompt\" column \(columns: question\)"):
+        ANSWER.load("test", str(path))
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "q"}] * 20)
+    with pytest.raises(DataError, match=r"row 1: missing column\(s\) 'answer'"):
+        ANSWER.load("train", str(path))
+    path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": [{"role": "user"}], "answer": "1"}] * 20)
+    with pytest.raises(DataError, match="a string or a list of"):
+        ANSWER.load("train", str(path))
+
+
+def test_a_hub_dataset_while_offline_is_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataError) as info:
+        read_dataset("someone/no-such-dataset", "train")
+    message = str(info.value)
+    assert message.startswith("dataset_name: cannot load 'someone/no-such-dataset'") and "local copy" in message
+    assert "\n" not in message
+    with pytest.raises(DataError, match="does not exist"):
+        read_dataset("./missing.jsonl", "train")
+
+
+# ---- reward functions named on the command line ----------------------------------------------------------------
+def test_a_reward_function_from_a_file_or_module(tmp_path):
+    (tmp_path / "my_rewards.py").write_text("def shorter(prompts, completions, **row):\n"
+                                            "    return [-len(c) / 100 for c in completions]\nNOT_A_FUNCTION = 3\n")
+    shorter = load_reward_func(f"{tmp_path}/my_rewards.py:shorter")
+    assert shorter(["p"], ["abcd"]) == [-0.04]
+    assert load_reward_func("minigrpo.rewards:r1_format") is r1_format
+    for spec, match in [("no_such_module_xyz:f", "ModuleNotFoundError"), ("minigrpo.rewards:nope", "AttributeError"),
+                        (f"{tmp_path}/missing.py:f", "no file"), (f"{tmp_path}/my_rewards.py:NOT_A_FUNCTION", "not a function")]:
+        with pytest.raises(RewardError, match=f"reward_funcs: .*{match}"):
+            load_reward_func(spec)
+
+
+def test_cli_names_a_reward_that_does_not_import_and_a_task_without_a_model(capsys, tmp_path):
+    assert main(["train", "--reward-funcs", "no_such_module_xyz:f", "--max-steps", "1", "--out", str(tmp_path / "a"),
+                 "--eval-limit", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("minigrpo train: error: reward_funcs: cannot load 'no_such_module_xyz:f'")
+    assert main(["train", "--task", "gsm8k", "--out", str(tmp_path / "b")]) == 2
+    assert "model_name_or_path: the task 'gsm8k' ships no model" in capsys.readouterr().err
+
+
+def test_chat_template_kwargs_and_dataset_flags():
+    cfg = load_config(None, {"dataset": "rows.jsonl", "chat_template_kwargs": '{"enable_thinking": false}'})
+    assert cfg.dataset_name == "rows.jsonl" and cfg.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="chat_template_kwargs: cannot read"):
+        load_config(None, {"chat_template_kwargs": "[1, 2]"})
