@@ -59,6 +59,7 @@ def policy_loss(
     sapo_temperature_pos: float = 1.0,
     sapo_temperature_neg: float = 1.05,
     gmpo_epsilon: float = 0.4,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of one batch, and its diagnostics.
 
@@ -76,6 +77,9 @@ def policy_loss(
         max_completion_length: L_max, required by dr_grpo.
         num_items_in_batch: token count dividing dapo/cispo sums (default: this batch's).
         sapo_temperature_pos/neg: SAPO's gate temperatures. gmpo_epsilon: GMPO's log-space clip range.
+        token_weights: (B, T) or (B, 1), no gradient: each token's loss is multiplied by it before the KL term
+            and the aggregation — the vLLM importance-sampling correction (engine_mismatch.py; TRL's
+            `per_token_loss * importance_sampling_ratio`). None = 1. Not for gmpo (no per-token loss).
 
     Returns:
         loss: scalar tensor to minimise.
@@ -90,6 +94,8 @@ def policy_loss(
         )
     if beta != 0.0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp, the reference policy's log-probs")
+    if token_weights is not None and loss_type == "gmpo":
+        raise ValueError("token_weights: gmpo has no per-token loss to weight")
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise ValueError("loss_type='dr_grpo' needs max_completion_length (its constant normaliser)")
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
@@ -117,6 +123,8 @@ def policy_loss(
         per_token_loss = sapo_surrogate(ratio, adv, sapo_temperature_pos, sapo_temperature_neg)
     else:
         per_token_loss = clipped_surrogate(ratio, adv, epsilon, epsilon_high, delta)
+    if token_weights is not None:
+        per_token_loss = per_token_loss * token_weights  # (B, T) or (B, 1): the sampler-mismatch correction
 
     stats: dict[str, float] = {}
     if beta != 0.0:
