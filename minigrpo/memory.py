@@ -49,7 +49,15 @@ QWEN2_5 = {  # from the published config.json files of Qwen/Qwen2.5-0.5B and Qwe
                          num_key_value_heads=2),
 }
 QWEN2_5["qwen2.5-0.5b-2l"] = {**QWEN2_5["qwen2.5-0.5b"], "num_hidden_layers": 2}
-SHAPES = ("tiny", *QWEN2_5)
+QWEN3 = {  # from the published config.json of Qwen/Qwen3-0.6B
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128),
+}
+SHAPES = ("tiny", *QWEN2_5, *QWEN3)
+HUB_SHAPES = {  # hub names the recipes use -> their shape, so `--recipe` needs no download
+    "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B": "qwen2.5-0.5b",
+    "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen/Qwen3-0.6B": "qwen3-0.6b",
+}
 SETUPS = {
     "grpo-full": "GRPO full fine-tune",
     "grpo-lora": "GRPO LoRA",
@@ -60,13 +68,14 @@ RESULT_MARKER = "MINIGRPO_MEMORY_RESULT "
 
 
 def qwen_config(shape: str):
-    """The Qwen2Config of a Qwen2.5 shape: the published sizes, nothing downloaded."""
-    from transformers import Qwen2Config
+    """The Qwen2Config (Qwen3Config) of a Qwen2.5 (Qwen3) shape: the published sizes, nothing downloaded."""
+    from transformers import Qwen2Config, Qwen3Config
 
-    if shape not in QWEN2_5:
-        raise ValueError(f"shape: {shape!r} is not one of {', '.join(QWEN2_5)}")
-    return Qwen2Config(vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
-                       rope_theta=1e6, rms_norm_eps=1e-6, **QWEN2_5[shape])
+    if shape not in QWEN2_5 and shape not in QWEN3:
+        raise ValueError(f"shape: {shape!r} is not one of {', '.join([*QWEN2_5, *QWEN3])}")
+    config_class, sizes = (Qwen2Config, QWEN2_5[shape]) if shape in QWEN2_5 else (Qwen3Config, QWEN3[shape])
+    return config_class(vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                        rope_theta=1e6, rms_norm_eps=1e-6, **sizes)
 
 
 def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
@@ -142,6 +151,61 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
         "grpo-qlora": row((p - q + a) * w + q * NF4_BITS[nested_quant] / 8, a, p + a),
         "ppo-critic": row((p + critic) * w, p + critic, p + critic),
     }
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def recipe_floor(cfg, prompt_length: int = 200) -> dict:
+    """The memory of a training run's config (a recipe), computed from its shapes, not measured:
+
+        static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), plus a
+                     frozen reference copy when beta > 0 without LoRA
+        logits       one float32 copy of a mini-batch's completion logits: mini-batch x max_completion_length x V
+        activations  an estimate of what the forward keeps for backward: 34 h bytes per token and layer with 16-bit
+                     activations and an attention kernel that stores no score matrix (Korthikanti et al. 2022,
+                     "Reducing Activation Recomputation", eq. 2 less its 5 a s term), doubled in float32, for a
+                     mini-batch of (prompt_length + max_completion_length)-token sequences
+
+    Left out: the KV cache while sampling, the CUDA context (~0.5 GB), allocator slack and fragmentation.
+    LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB more).
+    """
+    from .tasks import get_task
+
+    name = cfg.model_name_or_path
+    if name in HUB_SHAPES:
+        config = qwen_config(HUB_SHAPES[name])
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(name or get_task(cfg.task).model_dir)
+    setup = "grpo-qlora" if cfg.load_in_4bit else "grpo-lora" if cfg.use_peft else "grpo-full"
+    row = estimate_static_bytes(config, weight_bytes=DTYPE_BYTES[cfg.dtype], lora_r=cfg.lora_r,
+                                target_modules=cfg.lora_target_modules, nested_quant=cfg.use_bnb_nested_quant)[setup]
+    reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if cfg.beta > 0 and not cfg.use_peft else 0
+    completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
+    mini_batch = cfg.generation_batch_size // cfg.steps_per_generation
+    logits = mini_batch * completion_length * config.vocab_size * 4
+    activation_bytes = 2 if (cfg.bf16 or cfg.dtype != "float32") else 4
+    tokens = mini_batch * (prompt_length + completion_length)
+    activations = tokens * config.num_hidden_layers * 34 * config.hidden_size * activation_bytes // 2
+    return {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
+            "mini_batch": mini_batch, "completion_length": completion_length, "prompt_length": prompt_length,
+            "floor": row["total"] + reference + logits + activations}
+
+
+def format_recipe_table(path: str, floor: dict) -> str:
+    """One recipe's floor as a Markdown table (GiB)."""
+    gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
+    rows = [("weights", floor["weights"]), ("gradients", floor["gradients"]), ("AdamW moments", floor["optimizer"]),
+            ("reference model (beta > 0, no LoRA)", floor["reference"]),
+            (f"logits, one float32 copy ({floor['mini_batch']} x {floor['completion_length']} x vocabulary)",
+             floor["logits"]),
+            (f"activations, estimated ({floor['mini_batch']} x ({floor['prompt_length']} + "
+             f"{floor['completion_length']}) tokens)", floor["activations"]), ("**total**", floor["floor"])]
+    lines = [f"`{path}` ({floor['setup']}: {floor['trainable_params']:,} trainable of {floor['total_params']:,})", "",
+             "| part | GiB |", "|---|---|"] + [f"| {name} | {gib(b)} |" for name, b in rows]
+    return "\n".join(lines)
 
 
 def synthetic_batch(vocab_size: int, batch_size: int, prompt_length: int, completion_length: int, seed: int = 0):
@@ -316,8 +380,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beta", type=float, default=0.0, help="> 0 adds the reference policy (and its KL) everywhere")
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--recipe", action="append", default=None,
+                   help="a run's YAML config (e.g. recipes/*.yaml): print its memory floor, computed, not measured")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.recipe:
+        from .config import load_config
+
+        for path in args.recipe:
+            print(format_recipe_table(path, recipe_floor(load_config(path))) + "\n")
+        print("Computed from the shapes, not measured. Left out: the sampling KV cache, the CUDA context (~0.5 GB), "
+              "allocator slack. Prompts taken as 200 tokens.")
+        return 0
     if args.child:  # one setup, in this fresh process
         print(RESULT_MARKER + json.dumps(measure_setup(**json.loads(args.child))), flush=True)
         return 0

@@ -2,6 +2,7 @@
 files, folders and the hub, reward functions named on the command line, and the truncation warning."""
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from minigrpo.cli import main
 from minigrpo.config import ConfigError, load_config
+from minigrpo.memory import HUB_SHAPES, qwen_config, recipe_floor
 from minigrpo.prompts import completions_for_rewards, is_conversational
 from minigrpo.rewards import RewardError, load_reward_func, r1_format, r1_format_soft
 from minigrpo.tasks import DataError, get_task
@@ -189,3 +191,27 @@ def test_chat_template_kwargs_and_dataset_flags():
     assert cfg.dataset_name == "rows.jsonl" and cfg.chat_template_kwargs == {"enable_thinking": False}
     with pytest.raises(ConfigError, match="chat_template_kwargs: cannot read"):
         load_config(None, {"chat_template_kwargs": "[1, 2]"})
+
+
+# ---- recipes ------------------------------------------------------------------------------------------------
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
+def test_every_recipe_loads_and_its_memory_is_computed(recipe):
+    cfg = load_config(str(recipe))
+    assert cfg.model_name_or_path and get_task(cfg.task)
+    floor = recipe_floor(cfg)
+    # activations: mini-batch x (200 + completion) tokens x layers x 34 h bytes (16-bit activations under bf16)
+    shape = qwen_config(HUB_SHAPES[cfg.model_name_or_path])
+    tokens = cfg.generation_batch_size // cfg.steps_per_generation * (200 + cfg.max_completion_length)
+    assert floor["activations"] == tokens * shape.num_hidden_layers * 34 * shape.hidden_size
+    assert floor["logits"] == floor["mini_batch"] * cfg.max_completion_length * 151936 * 4
+    assert floor["floor"] == floor["total"] + floor["reference"] + floor["logits"] + floor["activations"]
+
+
+def test_quantizing_the_base_shrinks_the_recipe_floor():
+    cfg = load_config(str(RECIPES[0].parent / "qwen2.5-0.5b-instruct_gsm8k_qlora.yaml"))
+    qlora = recipe_floor(cfg)
+    lora = recipe_floor(load_config(None, {**cfg.to_dict(), "load_in_4bit": False}))
+    assert qlora["trainable_params"] == lora["trainable_params"] and qlora["weights"] < 0.5 * lora["weights"]
