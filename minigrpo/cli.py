@@ -6,6 +6,9 @@
     minigrpo train --out runs/a --save-steps 20     # checkpoint every 20 steps into runs/a/checkpoints
     minigrpo train --out runs/a --save-steps 20 --resume runs/a   # after a crash: same flags, plus --resume
     minigrpo eval --model runs/grpo/model --split test
+    minigrpo eval --task gsm8k --model Qwen/Qwen2.5-0.5B-Instruct --limit 200 --num-samples 0
+    minigrpo train --config recipes/qwen2.5-0.5b-instruct_gsm8k_qlora.yaml   # a real model on one GPU (README)
+    minigrpo train --task answer --dataset rows.jsonl --model DIR --reward-funcs my.py:score,r1_format_soft
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
     minigrpo bench --against trl                    # one GRPO step, minigrpo vs TRL, side by side (needs trl)
     minigrpo memory --shape tiny                    # peak memory: GRPO full / LoRA / QLoRA vs PPO with a critic
@@ -95,15 +98,22 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--limit", type=int, default=None, help="evaluate on the first N problems only")
     p.add_argument("--device", default="auto")
+    p.add_argument("--dataset", default=None, help="a .jsonl/.parquet file, a folder or a hub name (see train)")
+    p.add_argument("--dataset-config", default=None)
+    p.add_argument("--chat-template-kwargs", default=None, help='JSON, e.g. \'{"enable_thinking": false}\'')
     args = p.parse_args(argv)
     from .evaluate import evaluate
     from .models import load_model_and_tokenizer, resolve_device
     from .tasks import get_task
+    from .trainer import policy_path
 
-    task = get_task(args.task)
-    model, tokenizer = load_model_and_tokenizer(args.model or task.model_dir, resolve_device(args.device))
-    rows = task.load(args.split)[: args.limit]
-    result = evaluate(model, tokenizer, task, rows, num_samples=args.num_samples, temperature=args.temperature)
+    cfg = load_config(None, {"task": args.task, "model_name_or_path": args.model, "dataset_name": args.dataset,
+                             "dataset_config": args.dataset_config, "chat_template_kwargs": args.chat_template_kwargs})
+    task = get_task(cfg.task)
+    model, tokenizer = load_model_and_tokenizer(policy_path(cfg, task), resolve_device(args.device))
+    rows = task.load(args.split, cfg.dataset_name, cfg.dataset_config)[: args.limit]
+    result = evaluate(model, tokenizer, task, rows, num_samples=args.num_samples, temperature=args.temperature,
+                      chat_template_kwargs=cfg.chat_template_kwargs)
     print(json.dumps(result, indent=2))
     return 0
 
