@@ -50,7 +50,8 @@ def setup(device: torch.device) -> torch.device:
 
 
 def cleanup() -> None:
-    if dist.is_initialized():
+    # setup() starts a group only for several processes; a group of one is vLLM's own (rollout_vllm.py), not ours to end
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
         dist.destroy_process_group()
 

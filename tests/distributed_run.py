@@ -40,7 +40,7 @@ def place_and_length(prompts, completions, completion_ids, **row):
 
 if __name__ == "__main__":
     out, loss_type = sys.argv[1], sys.argv[2]
-    minigrpo.trainer.make_engine = lambda cfg, model, tokenizer: ScriptedEngine(tokenizer)
+    minigrpo.trainer.make_engine = lambda cfg, model, tokenizer, *args: ScriptedEngine(tokenizer)
     cfg = Config(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4, generation_batch_size=16,
                  learning_rate=1e-3, eval_steps=0, eval_limit=8, eval_num_samples=1, save_model=True)
     minigrpo.trainer.train(cfg, reward_funcs=[place_and_length], progress=False)

