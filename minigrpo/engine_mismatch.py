@@ -76,8 +76,8 @@ def mismatch_stats(trainer_logp: torch.Tensor, sampling_logp: torch.Tensor, mask
     `mode`, or None when the correction is off (then no importance_sampling_ratio metrics)."""
     on_token = mask.bool()
     abs_delta = (trainer_logp - sampling_logp).abs()[on_token & ~sampling_logp.isnan()]
-    delta = logp_difference(trainer_logp, sampling_logp, mask)
-    sequence_kl = ((torch.exp(delta) - delta - 1) * mask).sum(-1)  # (B,) k3 per token, summed per completion
+    delta = logp_difference(trainer_logp, sampling_logp, mask).double()  # float64: the k3 of a tiny delta is ~delta^2/2
+    sequence_kl = ((torch.expm1(delta) - delta) * mask).sum(-1)  # (B,) k3 per token, summed per completion
     stats = {
         "sampling/sampling_logp_difference/mean": abs_delta.mean().item() if abs_delta.numel() else 0.0,
         "sampling/sampling_logp_difference/max": abs_delta.max().item() if abs_delta.numel() else 0.0,

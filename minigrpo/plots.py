@@ -30,7 +30,7 @@ __all__ = [
     "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs",
     "plot_critic", "plot_advantage_variance", "plot_critic_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
-    "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory",
+    "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory", "plot_sampling_mismatch",
 ]
 
 
@@ -244,6 +244,25 @@ def plot_before_after(run_dirs: list[str | Path], ax) -> None:
         ax.legend(fontsize=8)
 
 
+def plot_sampling_mismatch(runs: dict[str, list[dict]], *, axes=None):
+    """vLLM's log-probs against the trainer's, per step (engine_mismatch.py), for every run in {label: metrics}: left,
+    mean (solid) and max (dashed) |delta log p| over completion tokens on a log scale; right, the importance weight
+    applied to the loss, min (dotted), mean (solid) and max (dashed). Runs without vLLM draw nothing."""
+    axes = axes if axes is not None else plt.subplots(1, 2, figsize=(12, 3.8))[1]
+    diff, ratio = "sampling/sampling_logp_difference", "sampling/importance_sampling_ratio"
+    for colour, (label, metrics) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
+        for ax, key, stats in ((axes[0], diff, ("mean", "max")), (axes[1], ratio, ("min", "mean", "max"))):
+            for stat in stats:
+                xs, values = _series(metrics, f"{key}/{stat}")
+                style = {"min": ":", "mean": "-", "max": "--"}[stat]
+                ax.plot(xs, values, style, color=colour, label=f"{label} {stat}" if xs else None)
+    if any(line.get_xdata().size for line in axes[0].get_lines()):
+        axes[0].set_yscale("log")
+    _label(axes[0], "step", "|log p_trainer - log p_vllm|", "sampler–trainer log-prob difference (completion tokens)")
+    _label(axes[1], "step", "importance weight", "vLLM importance-sampling weight on the loss")
+    return axes
+
+
 def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 10) -> list[Path]:
     """Write the standard figures for one or several runs into out_dir; returns the PNG paths."""
     out_dir = Path(out_dir)
@@ -282,6 +301,13 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
     fig.savefig(out_dir / "advantages.png", dpi=100)
     plt.close(fig)
     paths.append(out_dir / "advantages.png")
+    if any("sampling/sampling_logp_difference/mean" in m for metrics in runs.values() for m in metrics):  # vLLM sampled
+        fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+        plot_sampling_mismatch(runs, axes=axes)
+        fig.tight_layout()
+        fig.savefig(out_dir / "sampling_mismatch.png", dpi=100)
+        plt.close(fig)
+        paths.append(out_dir / "sampling_mismatch.png")
     return paths
 
 

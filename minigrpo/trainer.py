@@ -12,7 +12,8 @@ What this loop simplifies, on purpose:
   * One device per process; several processes (`accelerate launch` / `torchrun`) split each batch by whole
     groups and average their gradients (distributed.py).
   * Generation with the policy itself (rollout.py's decode loop, via engines.py), or with a colocated vLLM
-    engine (`use_vllm`, rollout_vllm.py, untested here) whose weights are synced after each batch's updates.
+    engine (`use_vllm`, rollout_vllm.py, tested on the CPU) whose weights are synced after each batch's updates;
+    its log-probs differ a little from the trainer's: logged, and corrected as TRL does (engine_mismatch.py).
   * The "old" policy is never a copy of the model: its log-probs are computed once per batch, and only
     when they can differ from the current policy's (num_iterations > 1 or several mini-batches). Otherwise
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
@@ -38,6 +39,7 @@ from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
 from .checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, process_state, save_checkpoint,
                          truncate_metrics)
 from .config import Config, ConfigError
+from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import make_engine
 from .evaluate import evaluate
 from .logprobs import completion_logprobs
@@ -171,6 +173,9 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
         "is_truncated": torch.cat(take(lambda p: p["roll"].is_truncated[p["idx"]]))[:n],
         "completions": sum(take(lambda p: [p["roll"].completions[i] for i in p["idx"]]), [])[:n],
         "rows": sum(take(lambda p: p["rows"]), [])[:n],
+        # the log-probs the engine sampled with (vLLM); None when the policy itself sampled
+        "sampling_logp": (_pad_cat(take(lambda p: p["roll"].sampling_logp[p["idx"]]), 0.0)[:n]
+                          if all(p["roll"].sampling_logp is not None for p in kept) else None),
     }
     for key in ("adv", "rewards", "rewards_per_func", "zero_std"):
         batch[key] = torch.cat(take(lambda p: p[key]))[:n]
@@ -271,7 +276,6 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                                                                          reward_funcs)
     reward_names = [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(reward_funcs)]
     ref_model = reference_policy(model) if cfg.beta > 0 else None
-    engine = make_engine(cfg, model, tokenizer)  # the policy's own decode loop, or vLLM (use_vllm)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay
     )
@@ -281,6 +285,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     out.mkdir(parents=True, exist_ok=True)
     start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
                                             sampler=sampler, reward_funcs=reward_funcs)
+    # The policy's own decode loop, or vLLM (use_vllm), made after the resume so that it copies the restored weights.
+    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in train_rows], max_len)
     if main:  # one process writes the run directory
         run_config = {**cfg.to_dict(), "resume_from_checkpoint": None}  # resuming is an action, not a setting
         (out / "config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
@@ -307,11 +313,21 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         num_tokens = distributed.all_reduce_sum(loss_mask.sum())  # the global batch's completion tokens
 
         # 4. Old and reference log-probs, once per batch, only when needed.
-        needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1
+        # (With vLLM always: its log-probs are compared with ours before any update, as TRL does.)
+        needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or batch["sampling_logp"] is not None
         with torch.no_grad(), autocast():
             old_logp = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
             use_ref = cfg.beta > 0 and not cfg.kl_in_reward
             ref_logp = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
+        # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
+        is_weight, sampling_stats = None, {}
+        if batch["sampling_logp"] is not None:
+            sampling_logp = batch["sampling_logp"].to(device)
+            if cfg.vllm_importance_sampling_correction:
+                is_weight = importance_weights(old_logp, sampling_logp, loss_mask, mode=cfg.vllm_importance_sampling_mode,
+                                               clip_min=cfg.vllm_importance_sampling_clip_min,
+                                               clip_max=cfg.vllm_importance_sampling_clip_max)
+            sampling_stats = mismatch_stats(old_logp, sampling_logp, loss_mask, is_weight, cfg.vllm_importance_sampling_mode)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         model.train()
@@ -329,6 +345,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                     kl_estimator=cfg.kl_estimator, max_completion_length=max_len,
                     # dapo/cispo: sum / tokens. W processes: / (global tokens / W), as the gradients are averaged
                     num_items_in_batch=num_tokens / cfg.steps_per_generation / W, gmpo_epsilon=cfg.gmpo_epsilon,
+                    token_weights=None if is_weight is None else is_weight[mb],
                 )
                 if cfg.loss_type == "bnpo" and W > 1:  # bnpo divides by this rank's tokens: make it the global count
                     mb_tokens = loss_mask[mb].sum()
@@ -354,6 +371,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), reward_names)}
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds)  # all sampled tokens
+        row.update(sampling_stats)  # sampling/*: vLLM's log-probs against the trainer's (empty without vLLM)
         if main:
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows,

@@ -157,3 +157,23 @@ def test_advantage_variance_draws_one_line_per_estimator_from_zero(tmp_path):
     (tmp_path / "ppo").mkdir()
     (tmp_path / "ppo" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in PPO_METRICS))
     assert plot_critic_runs([tmp_path / "ppo"], tmp_path / "plots").exists()
+
+
+def test_sampling_mismatch_draws_the_difference_and_the_weight_and_plot_runs_adds_it_only_with_vllm(tmp_path):
+    import json
+
+    from minigrpo.plots import plot_runs, plot_sampling_mismatch
+
+    vllm = [dict(m, **{"sampling/sampling_logp_difference/mean": 1e-6 * m["step"],
+                       "sampling/sampling_logp_difference/max": 1e-5 * m["step"],
+                       "sampling/importance_sampling_ratio/min": 0.99, "sampling/importance_sampling_ratio/mean": 1.0,
+                       "sampling/importance_sampling_ratio/max": 1.01}) for m in METRICS]
+    diff_ax, ratio_ax = plot_sampling_mismatch({"vllm": vllm, "decode loop": METRICS})
+    assert [line.get_label() for line in diff_ax.lines if line.get_xdata().size] == ["vllm mean", "vllm max"]
+    assert diff_ax.lines[1].get_ydata().tolist() == [1e-5 * s for s in (1, 2, 3)] and diff_ax.get_yscale() == "log"
+    assert [line.get_linestyle() for line in ratio_ax.lines[:3]] == [":", "-", "--"]
+    for name, metrics in (("vllm", vllm), ("plain", METRICS)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    assert "sampling_mismatch.png" in [p.name for p in plot_runs([tmp_path / "vllm"], tmp_path / "a")]
+    assert "sampling_mismatch.png" not in [p.name for p in plot_runs([tmp_path / "plain"], tmp_path / "b")]
