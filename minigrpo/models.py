@@ -114,7 +114,17 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except OSError as exc:
         raise _unfetchable(name, exc) from exc
-    return model if load_in_4bit else model.to(device)
+    if not load_in_4bit:
+        return model.to(device)
+    # bitsandbytes >= 0.49 on a CPU with AVX512-BF16: the first forward in eval mode (every rollout) repacks a
+    # Linear4bit's weight for an inference kernel that has no backward, and keeps it so; training forwards after
+    # it run that kernel too, and the gradient through the frozen base is silently lost (measured: the LoRA
+    # gradients' norm fell from 767 to 171 on the shipped model; with a bias, Qwen2's q/k/v, it crashes). Keep
+    # every 4-bit layer on the differentiable path.
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model
 
 
 def load_model_and_tokenizer(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", **model_kwargs):

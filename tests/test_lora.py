@@ -77,6 +77,26 @@ def test_qlora_layers_are_real_linear4bit_and_only_the_adapter_gets_gradients(ra
     assert all(g.abs().sum() > 0 for name, g in grads.items() if "lora_B" in name)
 
 
+def test_qlora_gradients_are_the_same_after_an_eval_mode_forward(random_model_dir):
+    """A rollout runs the policy in eval mode; on a CPU with AVX512-BF16, bitsandbytes then switches the 4-bit
+    layers to an inference kernel with no backward, which silently dropped the gradient through the frozen base
+    (models.load_model turns that switch off). Same batch, same adapter: the same gradients either way."""
+    def adapter_gradients(eval_first: bool):
+        torch.manual_seed(0)
+        model, tokenizer = load_policy(Config(use_peft=True, load_in_4bit=True), random_model_dir, torch.device("cpu"))
+        ids = tokenizer(["3471+586=<think>"], return_tensors="pt")["input_ids"]
+        if eval_first:
+            model.eval()
+            with torch.no_grad():
+                model(ids)
+        model.train()
+        model(ids).logits.square().mean().backward()
+        return [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    for without, with_eval in zip(adapter_gradients(False), adapter_gradients(True), strict=True):
+        torch.testing.assert_close(with_eval, without)
+
+
 def test_lora_reference_is_the_base_with_the_adapter_off(random_model_dir):
     model = add_lora(load_model(random_model_dir), r=4)
     ref = reference_policy(model)
