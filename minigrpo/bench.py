@@ -23,7 +23,8 @@ Loss check: on one batch TRL generated, TRL's `compute_loss` and minigrpo's `com
 Then the rollout alone: minigrpo's `sample_completions` (its own decode loop) against `sample_completions_hf`
 (HF `model.generate`, same settings: pure sampling, top_k=0), decode tokens per second and their ratio.
 
-TRL is imported here only, lazily: `pip install -e ".[bench]"` (also in `.[dev]`).
+TRL is imported here only, lazily: `pip install -e ".[bench]"` (also in `.[dev]`). `--against vllm` times the rollout
+alone against vLLM instead (bench_vllm.py).
 """
 
 import argparse
@@ -357,7 +358,8 @@ def build_model_dir(args, task, tokenizer, tmp: Path) -> Path:
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="minigrpo bench", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--against", choices=["trl"], default="trl", help="the reference implementation (TRL's GRPOTrainer)")
+    p.add_argument("--against", choices=["trl", "vllm"], default="trl",
+                   help="trl: the GRPO step against TRL's GRPOTrainer; vllm: rollout tokens/s against vLLM (bench_vllm.py)")
     p.add_argument("--task", default="think_addition")
     p.add_argument("--shape", default="tiny", choices=["tiny", *SHAPES],
                    help="tiny = the task's shipped model; others: that config with random weights")
@@ -380,6 +382,10 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.against == "vllm":
+        from .bench_vllm import main as against_vllm
+
+        return against_vllm(args)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

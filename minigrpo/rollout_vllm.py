@@ -127,7 +127,8 @@ class VLLMEngine:
         eos_ids = eos_token_ids(self.model, self.tokenizer)
         sampling = dict(n=num_generations, temperature=temperature, top_p=top_p) if do_sample else dict(n=1, temperature=0.0)
         params = self.vllm.SamplingParams(**sampling, top_k=0, min_p=0.0, repetition_penalty=1.0,
-                                          max_tokens=max_completion_length, stop_token_ids=eos_ids, logprobs=0)
+                                          max_tokens=max_completion_length, stop_token_ids=eos_ids, logprobs=0,
+                                          detokenize=False)  # ids are enough: rollout_from_ids decodes them
         prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template_kwargs)
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], sampling_params=params,
                                     use_tqdm=False)

@@ -298,3 +298,10 @@ def test_a_4bit_base_is_refused_in_one_line(policy):
                            "true", "--max-steps", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr[-2000:]
     assert done.stderr.startswith("minigrpo train: error: load_in_4bit: vLLM")
+
+
+def test_bench_against_vllm_reports_both_engines():
+    done = _minigrpo("bench", "--against", "vllm", "--steps", "1", "--warmup", "0", "--prompts", "2",
+                     "--num-generations", "2", "--max-completion-length", "8")
+    assert "decode loop  completion tokens/s" in done.stdout and "vLLM         completion tokens/s" in done.stdout
+    assert "tokens/s ratio vllm/decode_loop: " in done.stdout
