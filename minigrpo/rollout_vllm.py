@@ -89,10 +89,6 @@ class VLLMEngine:
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
-        # Every reload warns that the rotary cache and the tied lm_head "failed to load": a checkpoint holds no
-        # weights of their own (the lm_head is rebuilt in _reload_weights). Not news at every step.
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-
         device = next(model.parameters()).device.type
         if current_platform.device_type != device:
             raise ConfigError(f"use_vllm: the policy is on {device} but the installed vLLM runs on "
@@ -119,6 +115,10 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=str(base), dtype=str(model.dtype).removeprefix("torch."), seed=seed,
                             max_model_len=max_model_len, tensor_parallel_size=1,
                             logprobs_mode="processed_logprobs", **where)
+        # Every reload warns that the rotary cache and the tied lm_head "failed to load": a checkpoint holds no
+        # weights of their own (the lm_head is rebuilt in _reload_weights). Not news at every step. (Set after the
+        # engine starts: vLLM configures its loggers then, which resets this one.)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.sync_weights()  # the policy may already differ from its files (LoRA, or resumed from a checkpoint)
 
     def generate(self, prompts, *, num_generations, max_completion_length, temperature=1.0, top_p=1.0,
