@@ -82,18 +82,18 @@ class VLLMEngine:
                  kv_cache_memory_bytes: int | None = None):
         if is_quantized(model):
             raise ConfigError("use_vllm: a 4-bit (load_in_4bit) base cannot be copied into vLLM; set "
-                             "load_in_4bit false (LoRA on a float base works with vLLM)")
+                              "load_in_4bit false (LoRA on a float base works with vLLM)")
         if distributed.world_size() > 1:
             raise ConfigError("use_vllm: one training process only (several would each need their own engine); "
-                             "run without accelerate launch / torchrun, or leave use_vllm off")
+                              "run without accelerate launch / torchrun, or leave use_vllm off")
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
         device = next(model.parameters()).device.type
         if current_platform.device_type != device:
             raise ConfigError(f"use_vllm: the policy is on {device} but the installed vLLM runs on "
-                               f"{current_platform.device_type or 'no supported device'}: {INSTALL}, or set device: "
-                               f"{current_platform.device_type}")
+                              f"{current_platform.device_type or 'no supported device'}: {INSTALL}, or set device: "
+                              f"{current_platform.device_type}")
         self.model, self.tokenizer, self.vllm = model, tokenizer, vllm
         self.chat_template_kwargs = chat_template_kwargs
         config = model.config
