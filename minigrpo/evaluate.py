@@ -29,15 +29,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _generate_all(model, tokenizer, task, prompts, *, num_generations, batch_size, chat_template_kwargs, **sampling):
+def _generate_all(model, tokenizer, prompts, *, num_generations, batch_size, **sampling):
     """Completions (grouped by prompt) and their lengths, generated ``batch_size`` sequences at a time."""
     prompts_per_batch = max(1, batch_size // num_generations)
     completions, lengths = [], []
     for start in range(0, len(prompts), prompts_per_batch):
         rollout = sample_completions(
             model, tokenizer, prompts[start:start + prompts_per_batch],
-            num_generations=num_generations, max_completion_length=task.max_completion_length,
-            chat_template_kwargs=chat_template_kwargs, **sampling,
+            num_generations=num_generations, **sampling,
         )
         completions += rollout.completions
         lengths += rollout.completion_lengths.tolist()
@@ -46,19 +45,21 @@ def _generate_all(model, tokenizer, task, prompts, *, num_generations, batch_siz
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256,
-             chat_template_kwargs: dict | None = None) -> dict:
+             max_completion_length: int | None = None, chat_template_kwargs: dict | None = None) -> dict:
     """Score ``model`` on ``rows`` (dicts with a "prompt" and what ``task.grade`` reads, e.g. "answer").
 
     Always: ``accuracy_greedy``, ``format_greedy`` and ``mean_length_greedy`` (completion
     tokens, eos included). With ``num_samples = k > 0`` also ``accuracy_sampled``,
     ``format_sampled``, ``mean_length_sampled`` and ``pass@1`` .. ``pass@k`` from k samples
-    per problem. ``batch_size`` is the number of sequences generated at once. Conversational prompts go through
-    the chat template with ``chat_template_kwargs`` (prompts.py).
+    per problem. ``batch_size`` is the number of sequences generated at once; each completion gets up to
+    ``max_completion_length`` tokens (None: the task's own). Conversational prompts go through the chat template
+    with ``chat_template_kwargs`` (prompts.py).
     """
     prompts = [row["prompt"] for row in rows]
     results = {"num_problems": len(rows)}
     generate = lambda k, **sampling: _generate_all(  # noqa: E731
-        model, tokenizer, task, prompts, num_generations=k, batch_size=batch_size,
+        model, tokenizer, prompts, num_generations=k, batch_size=batch_size,
+        max_completion_length=max_completion_length or task.max_completion_length,
         chat_template_kwargs=chat_template_kwargs, **sampling)
 
     completions, lengths = generate(1, do_sample=False)

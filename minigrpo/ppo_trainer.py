@@ -54,14 +54,14 @@ from tqdm.auto import tqdm
 from .advantages import group_advantages
 from .config import Config, ConfigError, _coerce
 from .engines import make_engine
-from .evaluate import evaluate
 from .logprobs import completion_logprobs
 from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
                      save_policy)
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError
 from .tasks import get_task
-from .trainer import PromptSampler, collect_batch, gather_batch, lr_lambda, policy_path, prepare_task, step_metrics
+from .trainer import (PromptSampler, collect_batch, evaluator, gather_batch, lr_lambda, policy_path, prepare_task,
+                      step_metrics)
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -174,11 +174,11 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                                                     sort_keys=False))
     metrics_file = open(out / "metrics.jsonl", "w")
     eval_rows = test_rows[: cfg.eval_num_problems]
+    evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
 
-    before = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature,
-                      chat_template_kwargs=cfg.chat_template_kwargs)
+    before = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
     G, wall_seconds = cfg.num_generations, 0.0
     bar = tqdm(range(1, cfg.max_steps + 1), total=cfg.max_steps, desc="ppo", disable=not progress, dynamic_ncols=True)
     for step in bar:
@@ -233,15 +233,13 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                    step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-            row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows,
-                                                   chat_template_kwargs=cfg.chat_template_kwargs)["accuracy_greedy"]
+            row["eval/accuracy_greedy"] = evaluate_on(eval_rows)["accuracy_greedy"]
         metrics_file.write(json.dumps(row) + "\n")
         metrics_file.flush()
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
     metrics_file.close()
 
-    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature,
-                     chat_template_kwargs=cfg.chat_template_kwargs)
+    after = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
     trainable_params, total_params = parameter_counts(model)
     critic_trainable, critic_total = parameter_counts(value_model)
     peak_memory = peak_memory_bytes(device)

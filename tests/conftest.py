@@ -35,3 +35,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory):
+    """A Qwen2-architecture chat model with random weights and a ChatML template, built offline (standin.py)."""
+    from minigrpo.standin import make_standin_chat_model
+
+    return make_standin_chat_model(tmp_path_factory.mktemp("standin"))
