@@ -22,6 +22,7 @@ What this loop simplifies, on purpose:
   * No gradient accumulation: each mini-batch is one optimizer step.
 """
 
+import functools
 import json
 import math
 import random
@@ -51,7 +52,7 @@ from .rewards import (RewardError, combine_rewards, load_reward_func, overlong_p
                       score_completions, shuffled)
 from .tasks import Task, get_task
 
-__all__ = ["train", "build_reward_funcs", "policy_path"]
+__all__ = ["train", "build_reward_funcs", "policy_path", "evaluator"]
 
 
 def build_reward_funcs(names: list[str], task: Task, max_completion_length: int, cfg: Config):
@@ -223,6 +224,12 @@ def policy_path(cfg: Config, task: Task):
     return cfg.model_name_or_path or task.model_dir
 
 
+def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: int):
+    """evaluate() with this run's settings: its sampling temperature, completion budget and chat template."""
+    return functools.partial(evaluate, model, tokenizer, task, temperature=cfg.temperature,
+                             max_completion_length=max_completion_length, chat_template_kwargs=cfg.chat_template_kwargs)
+
+
 def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs: list | None = None):
     """The run's rows and reward functions, checked before any step: (train_rows, test_rows, reward_funcs,
     reward_weights, max_completion_length). One-line ConfigError for an empty split, a weight count that does
@@ -239,13 +246,12 @@ def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs:
         if not rows:
             raise ConfigError(f"task: the {split} split of {cfg.dataset_name or task.name!r} is empty")
     context = getattr(model_config, "max_position_embeddings", None)
-    # Training samples max_len tokens, evaluation the task's own max_completion_length.
-    for rows, completion_len in ((train_rows, max_len), (test_rows, task.max_completion_length)):
+    for rows in (train_rows, test_rows):  # training and evaluation both sample up to max_len tokens
         prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.chat_template_kwargs)
         longest_prompt = max(len(ids) for ids in prompt_ids)
-        if context is not None and longest_prompt + completion_len > context:
+        if context is not None and longest_prompt + max_len > context:
             raise ConfigError(
-                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({completion_len}) exceeds "
+                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({max_len}) exceeds "
                 f"the model's context of {context} tokens"
             )
     return train_rows, test_rows, reward_funcs, weights, max_len
@@ -292,11 +298,11 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         (out / "config.yaml").write_text(yaml.safe_dump(run_config, sort_keys=False))
         metrics_file = open(out / "metrics.jsonl", "a" if start_step else "w")
     eval_rows = test_rows[: cfg.eval_num_problems]
+    evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
 
     if main and run_state["before"] is None:
-        run_state["before"] = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples,
-                                       temperature=cfg.temperature, chat_template_kwargs=cfg.chat_template_kwargs)
+        run_state["before"] = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and main), dynamic_ncols=True)
     for step in bar:
@@ -375,8 +381,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         row.update(sampling_stats)  # sampling/*: vLLM's log-probs against the trainer's (empty without vLLM)
         if main:
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-                row["eval/accuracy_greedy"] = evaluate(model, tokenizer, task, eval_rows,
-                                                       chat_template_kwargs=cfg.chat_template_kwargs)["accuracy_greedy"]
+                row["eval/accuracy_greedy"] = evaluate_on(eval_rows)["accuracy_greedy"]
             metrics_file.write(json.dumps(row) + "\n")
             metrics_file.flush()
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
@@ -394,8 +399,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     metrics_file.close()
 
     before = run_state["before"]
-    after = evaluate(model, tokenizer, task, test_rows, num_samples=cfg.eval_num_samples, temperature=cfg.temperature,
-                     chat_template_kwargs=cfg.chat_template_kwargs)
+    after = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
     trainable_params, total_params = parameter_counts(model)
     peak_memory = peak_memory_bytes(device)  # before saving: merging a LoRA adapter reloads the base model
     if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/
