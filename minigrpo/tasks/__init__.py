@@ -8,7 +8,7 @@
 
 Known tasks: ``addition`` (fixed format) and ``think_addition`` (the policy chooses how long
 it thinks), with shipped tiny models (``scripts/make_tiny_world.py`` rebuilds their data and models);
-for real models: ``gsm8k`` (hub or a local copy) and ``answer`` (your own prompt + answer rows), graded
+for real models: ``countdown`` (generated, data/tasks/countdown), ``gsm8k`` (hub or a local copy) and ``answer`` (your own prompt + answer rows), graded
 in the R1 answer format (answers.py).
 """
 
@@ -16,10 +16,12 @@ from ..config import ConfigError
 from .addition import AdditionTask
 from .answers import AnswerTask
 from .base import DATA_DIR, DataError, Task
+from .countdown import CountdownTask
 from .gsm8k import Gsm8kTask
 from .think_addition import ThinkAdditionTask
 
-TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), AnswerTask(), Gsm8kTask())}
+TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), CountdownTask(), AnswerTask(),
+                                                Gsm8kTask())}
 
 
 def get_task(name: str) -> Task:
@@ -29,5 +31,5 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-__all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "Gsm8kTask",
+__all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "CountdownTask", "Gsm8kTask",
            "get_task"]

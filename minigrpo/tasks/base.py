@@ -58,7 +58,7 @@ class Task:
             path = self.data_dir / f"{split}.jsonl"
             if not path.exists():
                 raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
-            return read_rows(path, self.required_columns)
+            return read_rows(path, self.required_columns, self.prepare_row)
         from .sources import read_dataset
 
         rows = [self.prepare_row(row) for row in read_dataset(dataset, split, dataset_config or self.dataset_config)]
@@ -122,8 +122,9 @@ class Task:
         return [float(self.is_well_formed(_text(c))) for c in completions]
 
 
-def read_rows(path: Path, required: tuple[str, ...] = ("answer",)) -> list[dict]:
-    """The rows of a JSONL file of problems, each checked, so bad data fails here and not deep in training."""
+def read_rows(path: Path, required: tuple[str, ...] = ("answer",), prepare=None) -> list[dict]:
+    """The rows of a JSONL file of problems, each passed through ``prepare`` (a task's ``prepare_row``) and
+    checked, so bad data fails here and not deep in training."""
     rows = []
     with open(path) as f:
         for number, line in enumerate(f, start=1):
@@ -133,6 +134,8 @@ def read_rows(path: Path, required: tuple[str, ...] = ("answer",)) -> list[dict]
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if prepare is not None and isinstance(row, dict):
+                row = prepare(row)
             problem = check_row(row, required)
             if problem:
                 raise DataError(f"{path}:{number}: {problem}")
