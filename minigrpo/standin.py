@@ -61,7 +61,8 @@ def _training_text() -> list[str]:
     """
     lines = [
         "A conversation between User and Assistant. The user asks a question, and the Assistant solves it.",
-        "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer.",
+        "The assistant first thinks about the reasoning process in the mind and then provides the user with the "
+        "answer.",
         "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags.",
         "Respond in the following format:\n<think>\n...\n</think>\n<answer>\n...\n</answer>",
         "Using the numbers [3, 5, 7, 9], create an equation that equals 24. You can use basic arithmetic operations "
