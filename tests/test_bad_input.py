@@ -160,7 +160,7 @@ def test_an_empty_dataset_is_named(tmp_path, random_model_dir, task_in, train_te
     "line, match",
     [
         ('{"prompt": "1+1=", "answer": "2"', r"train.jsonl:2: not valid JSON"),
-        ('{"question": "1+1=", "answer": "2"}', r'train.jsonl:2: no "prompt" column \(columns: question, answer\)'),
+        ('{"question": "1+1=", "answer": "2"}', r'train.jsonl:2: no "prompt" column \(columns: \'question\', \'answer\'\)'),
         ('["1+1=", "2"]', r'train.jsonl:2: expected an object'),
     ],
     ids=["cut-short", "no-prompt", "not-an-object"],

@@ -140,7 +140,7 @@ def test_a_folder_in_the_hub_layout_reads_parquet_and_jsonl_splits(tmp_path):
 
 def test_rows_without_a_prompt_or_the_graded_column_are_named(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "q", "answer": "1"}] * 20 + [{"question": "q"}])
-    with pytest.raises(DataError, match=r"\(test split\), row 2: no \"prompt\" column \(columns: question\)"):
+    with pytest.raises(DataError, match=r"\(test split\), row 2: no \"prompt\" column \(columns: 'question'\)"):
         ANSWER.load("test", str(path))
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "q"}] * 20)
     with pytest.raises(DataError, match=r"row 1: missing column\(s\) 'answer'"):
@@ -215,3 +215,10 @@ def test_quantizing_the_base_shrinks_the_recipe_floor():
     qlora = recipe_floor(cfg)
     lora = recipe_floor(load_config(None, {**cfg.to_dict(), "load_in_4bit": False}))
     assert qlora["trainable_params"] == lora["trainable_params"] and qlora["weights"] < 0.5 * lora["weights"]
+
+
+def test_a_task_reward_ignores_what_trl_passes_besides_the_columns():
+    # TRL 1.16 calls reward functions with trainer_state=... (and log helpers) beside the dataset's columns
+    completions = ["<answer>72</answer>", "<answer>7</answer>"]
+    assert GSM8K.correctness_reward(None, completions, answer=["72", "72"], trainer_state=object(),
+                                    log_metric=print) == [1.0, 0.0]

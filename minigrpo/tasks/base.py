@@ -112,10 +112,12 @@ class Task:
         return self.is_correct(_text(completion), row["answer"])
 
     # ---- rewards (TRL's reward-function signature) ----------------------------------------------
-    def correctness_reward(self, prompts, completions, **columns) -> list[float]:
-        """1.0 for a correct final answer, else 0.0. ``columns`` (e.g. ``answer``) hold one value per completion."""
-        rows = [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else [{}] * len(completions)
-        return [float(self.grade(c, row)) for c, row in zip(completions, rows, strict=True)]
+    def correctness_reward(self, prompts, completions, **kwargs) -> list[float]:
+        """1.0 for a correct final answer, else 0.0. The dataset's columns (e.g. ``answer``) come as lists with one
+        value per completion; anything else in kwargs (TRL also passes ``trainer_state``) is not a column."""
+        n = len(completions)
+        columns = {k: v for k, v in kwargs.items() if isinstance(v, (list, tuple)) and len(v) == n}
+        return [float(self.grade(c, {k: v[i] for k, v in columns.items()})) for i, c in enumerate(completions)]
 
     def format_reward(self, prompts, completions, **row) -> list[float]:
         """1.0 for a well-formed completion, else 0.0; says nothing about correctness."""
@@ -153,7 +155,7 @@ def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
     if not (isinstance(prompt, str) or messages_ok):
         return ('expected a "prompt": a string or a list of {"role": ..., "content": ...} messages'
-                if "prompt" in row else f'no "prompt" column (columns: {", ".join(row) or "none"})')
+                if "prompt" in row else f'no "prompt" column (columns: {", ".join(map(repr, row)) or "none"})')
     missing = [c for c in required if c not in row]
     return f"missing column(s) {', '.join(map(repr, missing))} that this task grades with" if missing else None
 
