@@ -128,21 +128,28 @@ def read_rows(path: Path, required: tuple[str, ...] = ("answer",), prepare=None)
     """The rows of a JSONL file of problems, each passed through ``prepare`` (a task's ``prepare_row``) and
     checked, so bad data fails here and not deep in training."""
     rows = []
+    for number, row in json_lines(path):
+        if prepare is not None and isinstance(row, dict):
+            row = prepare(row)
+        problem = check_row(row, required)
+        if problem:
+            raise DataError(f"{path}:{number}: {problem}")
+        rows.append(row)
+    return rows
+
+
+def json_lines(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed value) for each non-empty line of a JSONL file; DataError naming file:line otherwise."""
+    parsed = []
     with open(path) as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                parsed.append((number, json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if prepare is not None and isinstance(row, dict):
-                row = prepare(row)
-            problem = check_row(row, required)
-            if problem:
-                raise DataError(f"{path}:{number}: {problem}")
-            rows.append(row)
-    return rows
+    return parsed
 
 
 def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:

@@ -13,10 +13,9 @@ Rows come back as plain dicts, one per problem; every column is kept (TRL hands 
 the task's job (base.check_row). Nothing here needs a model.
 """
 
-import json
 from pathlib import Path
 
-from .base import DataError
+from .base import DataError, json_lines
 
 __all__ = ["read_dataset", "held_out_size"]
 
@@ -67,17 +66,10 @@ def _read_file(path: Path) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - one line naming the file
             raise DataError(f"{path}: not a readable parquet file ({exc})") from None
     rows = []
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg}); expected one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
+    for number, row in json_lines(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
