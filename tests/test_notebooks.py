@@ -34,7 +34,7 @@ def _text_outputs(cell) -> str:
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
     assert {"01_group_advantages.ipynb", "02_objectives.ipynb", "03_train_grpo.ipynb", "04_variants.ipynb",
-            "05_one_gpu.ipynb", "06_grpo_vs_ppo.ipynb"} <= set(names), names
+            "05_one_gpu.ipynb", "06_grpo_vs_ppo.ipynb", "07_real_model.ipynb"} <= set(names), names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
