@@ -351,3 +351,22 @@ def test_train_lora_with_vllm_keeps_sampler_and_trainer_together(tmp_path):
     lines = _lines(out)
     assert all(m["grad_norm"] > 0 for m in lines)
     assert [m["sampling/sampling_logp_difference/max"] < TOL for m in lines] == [True] * 3
+
+
+def test_another_vllm_version_or_device_is_refused_in_one_line(policy, monkeypatch):
+    """No engine starts: an untested vLLM version, or a vLLM built for another device than the policy's, stops first."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    from minigrpo.rollout_vllm import VLLMEngine
+
+    model, tokenizer = policy
+    monkeypatch.setattr(vllm, "__version__", "0.31.0")
+    with pytest.raises(ConfigError, match=r"^use_vllm: vLLM 0.31.0 is installed; .* tested with 0.32.x only: pip install"):
+        VLLMEngine(model, tokenizer)
+    monkeypatch.undo()
+    monkeypatch.setattr(type(current_platform), "device_type", "cuda")  # as the CUDA build would say
+    with pytest.raises(ConfigError, match=r"^use_vllm: the policy is on cpu but the installed vLLM runs on cuda: .*set "
+                                          r"device: cuda$") as error:
+        VLLMEngine(model, tokenizer)
+    assert "\n" not in str(error.value)
