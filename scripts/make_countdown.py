@@ -27,7 +27,7 @@ def main() -> None:
         path = Path(task.data_dir) / f"{split}.jsonl"
         compact = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]  # load() rebuilds the prompt
         path.write_text("".join(json.dumps(row) + "\n" for row in compact))
-        print(f"{path}: {len(rows)} problems, {path.stat().st_size / 1e6:.1f} MB")
+        print(f"{path}: {len(rows)} problems, {path.stat().st_size / 1e3:.0f} kB")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,11 @@ def test_division_by_zero_is_wrong_not_an_error():
     "True + 19 + 35",
     "x + 19 + 35",
     "44 + 19 + 35; import os",
+    "[n for n in (44, 19, 35)]",  # a comprehension
+    "sum([44, 19, 35])",
+    "0x2C + 19 + 35",  # 44 in hex: 98, but only plain decimal digits pass the alphabet
+    "4_4 + 19 + 35",
+    "\u0664\u0664 + 19 + 35",  # Arabic-Indic digits 44
     "44 +",
     "(" * 10_000 + "44" + ")" * 10_000,  # deep nesting: refused before ast.parse recurses
     "+".join(["1"] * 150),  # too long: refused before parsing
@@ -74,13 +79,22 @@ def test_hostile_answers_are_wrong_and_nothing_runs(expression, capfd):
     assert "pwned" not in capfd.readouterr().out
 
 
+def test_unary_minus_is_bounded_by_the_length_limit():
+    assert evaluate_expression("-" * 180 + "44 + 19 + 35", [44, 19, 35]) == 98  # 180 minus signs cancel
+    assert evaluate_expression("-" * 181 + "44 + 19 + 35", [44, 19, 35]) == -44 + 19 + 35
+    assert evaluate_expression("-" * 189 + "44 + 19 + 35", [44, 19, 35]) is None  # 201 characters: refused
+
+
 def test_the_last_answer_tag_is_the_answer_and_the_chat_form_is_read():
     two = "<answer>44 - 19</answer> wait, <answer>44 + 19 + 35</answer>"
     assert COUNTDOWN.grade(two, ROW) and not COUNTDOWN.grade("<answer>44 + 19 + 35", ROW)
+    assert not COUNTDOWN.grade("<think>44 + 19 + 35</think> 44 + 19 + 35", ROW)  # no answer tag: wrong
+    assert COUNTDOWN.extract_answer(two) == "44 + 19 + 35" and COUNTDOWN.extract_answer("98") is None
     assert COUNTDOWN.grade([{"role": "assistant", "content": answer("44 + 19 + 35")}], ROW)
     assert COUNTDOWN.correctness_reward(None, [answer("44 + 19 + 35"), answer("44 - 19 - 35")],
                                         nums=[ROW["nums"]] * 2, target=[98, 98], answer=["x", "x"]) == [1.0, 0.0]
     assert COUNTDOWN.is_well_formed(answer("1")) and not COUNTDOWN.is_well_formed("<answer>1</answer>")
+    assert COUNTDOWN.is_well_formed("<think> x </think>  \n <answer> 1 </answer>")  # whitespace between is fine
 
 
 @settings(max_examples=300, deadline=None)
@@ -105,6 +119,7 @@ def test_generated_problems_are_solvable_distinct_and_deterministic():
     assert len({problem_key(r) for r in rows}) == 300
     for row in rows:
         assert 3 <= len(row["nums"]) <= 4 and all(1 <= n <= 99 for n in row["nums"]) and 1 <= row["target"] <= 999
+        assert COUNTDOWN.grade(answer(row["answer"]), row)
         assert COUNTDOWN.grade(COUNTDOWN.target_completion(row), row)  # its own solution uses every number once
         assert row["prompt"] == countdown_prompt(row["nums"], row["target"])
 
@@ -116,3 +131,12 @@ def test_the_shipped_splits_load_solvable_and_disjoint():
     assert all(COUNTDOWN.grade(COUNTDOWN.target_completion(r), r) for r in test)
     first = json.loads((DATA_DIR / "tasks" / "countdown" / "test.jsonl").read_text().splitlines()[0])
     assert "prompt" not in first and test[0]["prompt"][1]["content"].startswith(f"Using the numbers {first['nums']}")
+
+
+def test_the_shipped_splits_are_what_the_script_writes():
+    # scripts/make_countdown.py: test = seed 1, train = seed 0 minus the test problems; make_rows is sequential,
+    # so the first rows of a long run are a short run
+    test = COUNTDOWN.make_rows(500, seed=1)
+    assert COUNTDOWN.load("test") == test
+    train = COUNTDOWN.make_rows(200, seed=0, exclude={problem_key(r) for r in test})
+    assert COUNTDOWN.load("train")[:200] == train

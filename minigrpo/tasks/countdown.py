@@ -1,8 +1,8 @@
 """``countdown``: reach a target number from 3 or 4 given numbers with + - * /, the task of TinyZero
 (Pan et al. 2025, "Countdown-Tasks-3to4") and nano-aha-moment.
 
-    nums    [44, 19, 35]           target  98
-    answer  <think> 44 + 19 = 63, 63 + 35 = 98 </think> <answer> 44 + 19 + 35 </answer>
+    nums        [44, 19, 35]          target  98
+    completion  <think> 44 + 19 = 63, 63 + 35 = 98 </think> <answer> 44 + 19 + 35 </answer>
 
 The rule, as TinyZero's checker has it: **every number used exactly once**, any of the four operators and
 parentheses, exact arithmetic (division may leave a fraction on the way, as long as the expression equals the
@@ -10,13 +10,16 @@ target). Exactly once, not "at most once": it makes the search a search (all num
 the published runs reward, so their curves are comparable.
 
 The generator draws 3 or 4 numbers in 1..99 and builds the target from a random expression over all of them, so
-every problem has a solution (the row's ``answer``); it keeps targets that are whole numbers in 1..999.
+every problem has a solution (the row's ``answer``); it keeps targets that are whole numbers in 1..999 (4 numbers
+overshoot more often, so about 64% of the shipped problems have 3). Division need not be exact on the way: ``84 / 9 * 3`` is fine if the whole is a whole number.
 
-The checker never evaluates text. It parses the content of the last ``<answer>...</answer>`` with ``ast.parse``
-and walks the tree, accepting only integer literals, the four binary operators, unary minus and parentheses;
-anything else (a name, a call, an attribute, ``**``, a string) makes the answer wrong. The literals must be the
-row's numbers, each once, *before* anything is computed, so nothing a completion writes can make the arithmetic
-large; division by zero is simply wrong. Over-long expressions and deep nesting are refused before parsing.
+The checker never evaluates text. The content of the last ``<answer>...</answer>`` must be at most 200 characters
+of ASCII digits, ``+ - * /``, parentheses and spaces (TinyZero's own filter, less its ``.``), so ``0x2C``, ``4_4``,
+names, quotes and brackets fail before parsing. Then ``ast.parse`` and a walk of the tree that accepts only integer
+literals, the four binary operators, unary minus and parentheses; anything else (``**``, ``//``, ``%``) makes the
+answer wrong. Unary minus is allowed (``-(3 - 5) * 4``): it uses no number, and TinyZero's filter lets it through.
+The literals must be the row's numbers, each once, *before* anything is computed, so nothing a completion writes
+can make the arithmetic large; division by zero is simply wrong.
 
 Rows (TRL's conversational format; the prompt is TinyZero's, with DeepSeek-R1's system prompt; the files in
 data/tasks/countdown/ store only nums, target and answer, and ``prepare_row`` writes the prompt when they load):
@@ -27,6 +30,7 @@ data/tasks/countdown/ store only nums, target and answer, and ``prepare_row`` wr
 
 import ast
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -38,7 +42,8 @@ from .base import Task, _text
 __all__ = ["CountdownTask", "evaluate_expression", "countdown_prompt"]
 
 MAX_EXPRESSION_CHARS = 200  # a 4-number expression with spaces and parentheses needs ~40
-MAX_NESTING = 20  # parentheses deeper than this are refused before parsing (ast.parse recurses)
+MAX_PARENTHESES = 20  # more "(" than this is refused before parsing (ast.parse and the walk recurse); 4 numbers need 3
+ALPHABET = re.compile(r"[0-9+\-*/() \t\r\n]*")  # ASCII only: re's \d would also match other scripts' digits
 OPERATORS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
              ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
 
@@ -78,9 +83,11 @@ def _value(node) -> Fraction:
 
 def evaluate_expression(expression: str, nums: list[int]) -> Fraction | None:
     """The exact value of ``expression`` if it is made of +, -, *, /, parentheses and exactly the integers ``nums``
-    (each once); None for anything else: other numbers, a number missing or reused, any other syntax, division
-    by zero, an expression too long or too deeply nested. Never raises, never evaluates text."""
-    if len(expression) > MAX_EXPRESSION_CHARS or expression.count("(") > MAX_NESTING:
+    (each once); None for anything else: other numbers, a number missing or reused, any other character or
+    syntax, division by zero, an expression too long or too deeply nested. Never raises, never evaluates text."""
+    if len(expression) > MAX_EXPRESSION_CHARS or expression.count("(") > MAX_PARENTHESES:
+        return None
+    if not ALPHABET.fullmatch(expression):
         return None
     try:
         tree = ast.parse(expression.strip(), mode="eval")
