@@ -1,6 +1,7 @@
 """Countdown's checker, case by case: right, wrong, numbers reused or missing, division by zero, and completions
 written to break it (code, huge powers, deep nesting). Nothing is ever evaluated as Python; nothing raises."""
 
+import dataclasses
 import json
 from fractions import Fraction
 
@@ -140,3 +141,8 @@ def test_the_shipped_splits_are_what_the_script_writes():
     assert COUNTDOWN.load("test") == test
     train = COUNTDOWN.make_rows(200, seed=0, exclude={problem_key(r) for r in test})
     assert COUNTDOWN.load("train")[:200] == train
+
+
+def test_a_missing_split_names_the_script_that_writes_it():
+    with pytest.raises(FileNotFoundError, match="make_countdown.py"):
+        dataclasses.replace(COUNTDOWN, name="countdown_not_built").load("train")

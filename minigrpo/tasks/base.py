@@ -44,6 +44,7 @@ class Task:
     required_columns: tuple[str, ...] = ("answer",)  # what grade() reads from a row, besides the prompt
     dataset: str | None = None  # where load() reads rows by default: None = data/tasks/<name>/; or a hub name
     dataset_config: str | None = None
+    data_script: str = "scripts/make_tiny_world.py"  # what writes data/tasks/<name>/, named when a file is missing
 
     def load(self, split: str, dataset: str | None = None, dataset_config: str | None = None) -> list[dict]:
         """The rows of ``split`` ("train" or "test"): ``{"prompt": ..., "answer": ..., ...}``.
@@ -57,7 +58,7 @@ class Task:
         if dataset is None:
             path = self.data_dir / f"{split}.jsonl"
             if not path.exists():
-                raise FileNotFoundError(f"{path} not found; rebuild it with `python scripts/make_tiny_world.py`")
+                raise FileNotFoundError(f"{path} not found; rebuild it with `python {self.data_script}`")
             return read_rows(path, self.required_columns, self.prepare_row)
         from .sources import read_dataset
 

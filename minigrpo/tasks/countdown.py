@@ -107,6 +107,7 @@ class CountdownTask(Task):
     name: str = "countdown"
     max_completion_length: int = 512  # room for a real model's search; TinyZero allows 1024
     required_columns: tuple[str, ...] = ("nums", "target")
+    data_script: str = "scripts/make_countdown.py"
 
     # ---- problem generation ---------------------------------------------------------------------
     def make_problem(self, rng: random.Random) -> dict:
