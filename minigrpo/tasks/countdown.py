@@ -11,7 +11,8 @@ the published runs reward, so their curves are comparable.
 
 The generator draws 3 or 4 numbers in 1..99 and builds the target from a random expression over all of them, so
 every problem has a solution (the row's ``answer``); it keeps targets that are whole numbers in 1..999 (4 numbers
-overshoot more often, so about 64% of the shipped problems have 3). Division need not be exact on the way: ``84 / 9 * 3`` is fine if the whole is a whole number.
+overshoot more often, so about 64% of the shipped problems have 3). Division need not be exact on the way:
+``84 / 9 * 3`` is fine, since the whole is a whole number.
 
 The checker never evaluates text. The content of the last ``<answer>...</answer>`` must be at most 200 characters
 of ASCII digits, ``+ - * /``, parentheses and spaces (TinyZero's own filter, less its ``.``), so ``0x2C``, ``4_4``,
