@@ -16,6 +16,7 @@ peft and bitsandbytes do the work; this file only decides what to ask them for.
 """
 
 import copy
+import logging
 import os
 import resource
 import sys
@@ -26,6 +27,10 @@ import torch
 from .config import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# bitsandbytes (imported by peft and transformers) warns on every CPU with AVX512-BF16 that an optional kernel
+# package is missing; minigrpo keeps 4-bit layers off that kernel anyway (load_model), so the note is noise.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 # Every linear layer of the transformer blocks (attention and MLP), as the QLoRA paper recommends
 # (section 4: "LoRA on all linear layers is critical to match full fine-tuning"). peft's own default for
