@@ -74,7 +74,7 @@ class Config:
     loss_type: str = "grpo"  # grpo, bnpo, dr_grpo, dapo, cispo, sapo, gmpo (TRL's default is "dapo")
     importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token (GSPO-token)
     epsilon: float = 0.2
-    epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; for cispo the cap eps_max (5.0)
+    epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; cispo: the cap eps_max, None = 5.0 (TRL: epsilon)
     delta: float | None = None  # two-sided clipping
     beta: float = 0.0  # KL coefficient; 0 = no reference model at all
     kl_estimator: str = "k3"  # minigrpo: k1, k2, k3

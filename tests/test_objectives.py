@@ -108,6 +108,19 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
     assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 4) and stats["clip_ratio/low_mean"] == 0.0
 
 
+def test_cispo_unset_epsilon_high_caps_at_5_not_epsilon():
+    # epsilon_high unset: eps_max = 5.0 (ScaleRL), so no weight here is capped: row 0 [1.5, 0.9, 1.0], row 1 [0.5].
+    # (TRL would cap at epsilon = 0.2: every weight 0.2, i.e. 0.2 x REINFORCE.)
+    loss, grad, stats = run([1.0, -1.0], loss_type="cispo")
+    assert grad.tolist() == [pytest.approx([-1.5 / 4, -0.9 / 4, -1.0 / 4]), pytest.approx([0.5 / 4, 0.0, 0.0])]
+    assert stats["clip_ratio/high_mean"] == 0.0
+    assert loss == pytest.approx(run([1.0, -1.0], loss_type="cispo", epsilon_high=5.0)[0])
+    _, grad_trl_default, _ = run([1.0, -1.0], loss_type="cispo", epsilon_high=0.2)
+    assert grad_trl_default.tolist() == [pytest.approx([-0.2 / 4] * 3), pytest.approx([0.2 / 4, 0.0, 0.0])]
+    # The other loss types still read epsilon_high = None as epsilon.
+    assert run([1.0, -1.0], loss_type="dapo")[0] == pytest.approx(run([1.0, -1.0], loss_type="dapo", epsilon_high=0.2)[0])
+
+
 def test_sapo_gate_has_unit_slope_at_ratio_one():
     logp = torch.zeros(1, 1, requires_grad=True)
     loss, _ = policy_loss(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), loss_type="sapo")

@@ -208,7 +208,9 @@ VARIANTS = {
     "all": dict(epsilon=0.1, epsilon_high=0.28, delta=1.5, beta=0.04),
 }
 CISPO_VARIANTS = {
-    "eps_high_default": {},  # TRL: epsilon_high falls back to epsilon = 0.2, used as the absolute cap
+    # TRL's default: epsilon_high unset falls back to epsilon = 0.2, used as the absolute cap. minigrpo's unset
+    # default is 5.0 instead (cispo.py), so TRL's behaviour is checked with the 0.2 passed explicitly.
+    "eps_high_default": dict(epsilon_high=0.2),
     "eps_max_5": dict(epsilon_high=5.0),
     "eps_max_5_kl": dict(epsilon_high=5.0, beta=0.04),
     "eps_max_1.28": dict(epsilon_high=1.28),

@@ -25,7 +25,7 @@ import math
 import torch
 
 from ..kl import kl_divergence
-from .cispo import cispo_surrogate
+from .cispo import CISPO_DEFAULT_EPSILON_MAX, cispo_surrogate
 from .common import clip_stats, masked_mean
 from .dapo import dapo_aggregate
 from .dr_grpo import dr_grpo_aggregate
@@ -71,7 +71,8 @@ def policy_loss(
                    tensors may hold anything (even -inf): they are zeroed before any arithmetic.
         loss_type, importance_sampling_level: see the module docstring.
         epsilon, epsilon_high: clip range [1 - epsilon, 1 + epsilon_high]; epsilon_high defaults to epsilon.
-            For cispo, epsilon_high is the absolute cap eps_max on the weight (TRL's convention).
+            For cispo, epsilon_high is the absolute cap eps_max on the weight (TRL's convention); unset, it is
+            5.0 (ScaleRL), not TRL's fallback to epsilon, which would cap every weight at 0.2 (see cispo.py).
         delta:     two-sided clipping: cap on the unclipped ratio (INTELLECT-2); None = off.
         beta, ref_logp, kl_estimator: KL-in-loss, beta * KL(pi || pi_ref) added to every token's loss.
         max_completion_length: L_max, required by dr_grpo.
@@ -98,7 +99,8 @@ def policy_loss(
         raise ValueError("token_weights: gmpo has no per-token loss to weight")
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise ValueError("loss_type='dr_grpo' needs max_completion_length (its constant normaliser)")
-    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    if epsilon_high is None:
+        epsilon_high = CISPO_DEFAULT_EPSILON_MAX if loss_type == "cispo" else epsilon
     mask = mask.to(logp.dtype)
     on_token = mask.bool()
     seq_adv = adv if adv.dim() == 1 else None

@@ -8,9 +8,15 @@ itself, stops its gradient, and keeps a REINFORCE gradient for every token:
 
 Aggregated at token level like DAPO. As in TRL, `epsilon_high` is the absolute cap eps_max (ScaleRL
 recommends 5.0), not 1 + eps.
+
+Left unset, `epsilon_high` means eps_max = 5.0 here (ScaleRL's cap), not `epsilon`. TRL falls back to
+`epsilon` = 0.2: every weight is then capped far below 1, and the update is 0.2 x REINFORCE with no
+importance weighting at all — not the paper's algorithm. Pass `epsilon_high=0.2` to reproduce TRL.
 """
 
 import torch
+
+CISPO_DEFAULT_EPSILON_MAX = 5.0  # the cap when epsilon_high is unset (ScaleRL); TRL would use epsilon = 0.2
 
 
 def cispo_surrogate(ratio: torch.Tensor, adv: torch.Tensor, logp: torch.Tensor, epsilon_max: float) -> torch.Tensor:
