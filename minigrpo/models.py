@@ -55,12 +55,19 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def _local_or_hub(name_or_path: str | os.PathLike) -> str:
-    """A path that looks local (exists, or starts with '.', '/', '~') must exist; a hub name is passed on."""
+    """A path that looks local (exists, or starts with '.', '/', '~') must exist; a hub name is passed on.
+
+    A local directory must hold a model (config.json) or a LoRA adapter (adapter_config.json, loaded onto its
+    base): anything else would reach transformers, whose "Unrecognized model" error is a traceback, not a line.
+    """
     name = str(name_or_path)
     local = Path(name).expanduser()
     looks_local = local.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
     if looks_local and not local.is_dir():
         raise FileNotFoundError(f"model_name_or_path: {name} is not a directory")
+    if looks_local and not any((local / f).is_file() for f in ("config.json", "adapter_config.json")):
+        raise FileNotFoundError(f"model_name_or_path: {name} holds no config.json (nor adapter_config.json), so it "
+                                f"is not a model directory; pass a directory saved with save_pretrained")
     return str(local) if looks_local else name
 
 

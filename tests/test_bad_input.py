@@ -209,6 +209,26 @@ def test_a_missing_model_directory_is_named(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"minigrpo train: error: model_name_or_path: {tmp_path / 'nowhere'} is not a directory"
 
 
+def test_a_directory_holding_no_model_is_named(tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("not a model")
+    assert main(["train", "--model", str(tmp_path / "notes"), "--max-steps", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"minigrpo train: error: model_name_or_path: {tmp_path / 'notes'} holds no config.json (nor "
+        f"adapter_config.json), so it is not a model directory; pass a directory saved with save_pretrained")
+
+
+def test_a_directory_holding_only_a_lora_adapter_loads_onto_its_base(tmp_path, random_model_dir):
+    """An adapter directory has no config.json of its own; its adapter_config.json names the base."""
+    from minigrpo.models import add_lora, load_model, load_tokenizer, save_policy
+
+    lora = add_lora(load_model(random_model_dir), r=4)
+    save_policy(lora, load_tokenizer(random_model_dir), tmp_path / "adapter", base_name_or_path=random_model_dir)
+    assert not (tmp_path / "adapter" / "config.json").exists()
+    model, tokenizer = load_model_and_tokenizer(tmp_path / "adapter")
+    assert hasattr(model, "peft_config") and tokenizer.padding_side == "left"
+
+
 def test_a_hub_name_when_offline_says_so_without_asking_the_hub(monkeypatch):
     import huggingface_hub.constants
 
