@@ -60,8 +60,8 @@ from .models import (is_quantized, load_policy, parameter_counts, peak_memory_by
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError
 from .tasks import get_task
-from .trainer import (PromptSampler, collect_batch, evaluator, gather_batch, lr_lambda, policy_path, prepare_task,
-                      step_metrics)
+from .trainer import (PromptSampler, collect_batch, evaluator, gather_batch, json_line, lr_lambda, policy_path,
+                      prepare_task, step_metrics)
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -234,7 +234,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                    tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(eval_rows)["accuracy_greedy"]
-        metrics_file.write(json.dumps(row) + "\n")
+        metrics_file.write(json_line(row))
         metrics_file.flush()
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
     metrics_file.close()

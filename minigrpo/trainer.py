@@ -187,6 +187,10 @@ def collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, m
     if batch["is_truncated"].float().mean() > 0.5:  # the classic trap: the answer never fits, every reward is 0
         warnings.warn(f"over half of a batch's completions reached max_completion_length={max_len} without an eos; "
                       f"cut-off answers usually score 0 and teach nothing: raise max_completion_length", stacklevel=2)
+    if batch["rewards"].isnan().all():  # the same words every time, so Python's warnings say it once per run
+        warnings.warn("a step had nothing to learn from: every reward of its batch was None or NaN (do the reward "
+                      "functions apply to this task?); its loss is 0 and metrics.jsonl logs its reward as null",
+                      stacklevel=2)
     return batch
 
 
@@ -382,7 +386,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         if main:
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 row["eval/accuracy_greedy"] = evaluate_on(eval_rows)["accuracy_greedy"]
-            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.write(json_line(row))
             metrics_file.flush()
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completion_length_mean']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
@@ -457,6 +461,22 @@ def gather_stats(step_stats: list[dict]) -> list[dict]:
         gathered.append({key: fmean(r[i][key] for r in ranks) if key in ("loss", "grad_norm") else weighted(key)
                          for key in stats})
     return gathered
+
+
+def json_line(row: dict) -> str:
+    """One line of metrics.jsonl. A number that is missing (NaN: no reward scored; or infinite) is written null:
+    Python's json would write NaN, which jq, JavaScript and pandas' strict readers refuse."""
+
+    def finite_or_none(x):
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: finite_or_none(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [finite_or_none(v) for v in x]
+        return x
+
+    return json.dumps(finite_or_none(row), allow_nan=False) + "\n"
 
 
 def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -> dict:

@@ -112,7 +112,32 @@ def test_nan_and_inf_rewards_are_excluded_counted_and_given_advantage_zero(tmp_p
     train(config(tmp_path, random_model_dir, max_steps=1, output_dir=str(tmp_path / "none")),
           reward_funcs=[nothing_scorable], progress=False)
     line = json.loads((tmp_path / "none" / "metrics.jsonl").read_text())
-    assert line["frac_reward_nan"] == 1.0 and line["loss"] == 0.0 and math.isnan(line["reward"])
+    assert line["frac_reward_nan"] == 1.0 and line["loss"] == 0.0 and line["reward"] is None
+
+
+def strict_json(line: str) -> dict:
+    """json.loads as jq, JavaScript and pandas' strict readers: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_step_with_no_reward_at_all_logs_null_and_says_it_had_nothing_to_learn(tmp_path, random_model_dir,
+                                                                               one_thread):
+    """A reward function that does not apply (None for every completion): the run goes on, metrics.jsonl stays
+    strict JSON with the missing mean reward as null, and the run says once that the step taught nothing."""
+
+    def does_not_apply(prompts, completions, **row):
+        return [None] * len(completions)
+
+    with pytest.warns(UserWarning, match="a step had nothing to learn from"):
+        train(config(tmp_path, random_model_dir, max_steps=2), reward_funcs=[does_not_apply], progress=False)
+    lines = [strict_json(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(line["reward"] is None and line["frac_reward_nan"] == 1.0 for line in lines)
+    assert lines[0]["rewards/does_not_apply/mean"] is None and lines[0]["loss"] == 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------
