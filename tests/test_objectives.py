@@ -182,3 +182,17 @@ def test_padding_garbage_never_reaches_the_loss():
 def test_bad_arguments_name_the_problem(kw, match):
     with pytest.raises(ValueError, match=match):
         run([1.0, -1.0], **kw)
+
+
+def test_sapo_logs_its_gate_slope_not_ppo_clip_ratios():
+    # SAPO clips nothing, so the clip ratios are 0 even though rho = 1.5 and 0.5 lie outside 1 +- 0.2.
+    # Gate slope 4 s (1 - s), s = sigmoid(tau (rho - 1)); tau = 1 for row 0 (A > 0), 1.05 for row 1 (A < 0).
+    _, _, stats = run([1.0, -1.0], loss_type="sapo")
+    assert stats["clip_ratio/low_mean"] == stats["clip_ratio/high_mean"] == stats["clip_ratio/region_mean"] == 0.0
+
+    def slope(rho, tau):
+        s = 1 / (1 + math.exp(-tau * (rho - 1)))
+        return 4 * s * (1 - s)
+
+    expected = (slope(1.5, 1.0) + slope(0.9, 1.0) + slope(1.0, 1.0) + slope(0.5, 1.05)) / 4
+    assert stats["sapo/gate_slope_mean"] == pytest.approx(expected)

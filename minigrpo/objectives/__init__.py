@@ -32,7 +32,7 @@ from .dr_grpo import dr_grpo_aggregate
 from .gmpo import gmpo_loss
 from .grpo import bnpo_aggregate, clipped_surrogate, grpo_aggregate
 from .gspo import sequence_log_ratio, sequence_token_log_ratio
-from .sapo import sapo_surrogate
+from .sapo import sapo_gate_slope, sapo_surrogate
 
 __all__ = ["policy_loss", "LOSS_TYPES", "IMPORTANCE_SAMPLING_LEVELS"]
 
@@ -85,7 +85,8 @@ def policy_loss(
     Returns:
         loss: scalar tensor to minimise.
         stats: python floats — clip_ratio/{low,high,region}_mean, ratio_mean, approx_kl (old -> new policy,
-            CleanRL's diagnostic), and kl when beta > 0.
+            CleanRL's diagnostic), and kl when beta > 0. sapo clips nothing: its clip ratios are 0.0 and it adds
+            sapo/gate_slope_mean, its gate's mean slope (1 = the plain policy gradient).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -157,6 +158,12 @@ def policy_loss(
         elif loss_type == "cispo":
             # CISPO only caps the weight from above (TRL's cispo_clip_ratio); it has no lower clip.
             stats.update(clip_stats(ratio, adv, mask, 0.0, epsilon_high))
+        elif loss_type == "sapo":
+            # SAPO clips nothing: its clip ratios are 0 (kept so every loss logs the same keys). What it does
+            # instead is attenuate: sapo/gate_slope_mean is the mean d f/d rho, 1 on-policy, -> 0 far off it.
+            stats.update({"clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0})
+            stats["sapo/gate_slope_mean"] = masked_mean(sapo_gate_slope(ratio, adv, sapo_temperature_pos,
+                                                                        sapo_temperature_neg), mask).item()
         else:
             stats.update(clip_stats(ratio, adv, mask, 1 - epsilon, 1 + epsilon_high))
         stats["ratio_mean"] = masked_mean(ratio, mask).item()

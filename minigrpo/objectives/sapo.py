@@ -20,3 +20,15 @@ def sapo_surrogate(
     tau = torch.where(adv > 0, temperature_pos, temperature_neg)
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     return -gate * adv
+
+
+def sapo_gate_slope(
+    ratio: torch.Tensor, adv: torch.Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05
+) -> torch.Tensor:
+    """The gate's slope d f/d rho = 4 sigmoid(x) (1 - sigmoid(x)), x = tau (rho - 1): 1 at rho = 1, -> 0 far off it.
+
+    Its masked mean is SAPO's diagnostic in place of PPO's clip fraction: how much the gate scales the gradient.
+    """
+    tau = torch.where(adv > 0, temperature_pos, temperature_neg)
+    sig = torch.sigmoid(tau * (ratio - 1))
+    return 4 * sig * (1 - sig)
