@@ -31,6 +31,7 @@ think_addition and says why. Sampling is the caller's, so a notebook can run GRP
 
 import contextlib
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -219,6 +220,8 @@ def ppo_update(policy, value_model, optimizer, batch: dict, targets: dict, *, cl
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).item()
+            if not math.isfinite(grad_norm):  # a finite loss can still have an inf/nan gradient
+                raise FloatingPointError(f"PPO: the gradient norm is {grad_norm} — stopping before the weights are")
             optimizer.step()
             stats.update(vf_stats, pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), loss=loss.item(),
                          grad_norm=grad_norm, entropy=masked_mean(entropy, mask[mb]).item())

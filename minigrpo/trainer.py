@@ -367,6 +367,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                 loss.backward()
                 distributed.average_gradients(model.parameters())  # W > 1: the global batch's gradient, on every rank
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+                if not math.isfinite(grad_norm):  # a finite loss can still have an inf/nan gradient
+                    raise FloatingPointError(f"step {step}: the gradient norm is {grad_norm} — stopping before the weights are")
                 optimizer.step()
                 stats.update(loss=loss.item(), grad_norm=grad_norm, tokens=mb_ids[3].sum().item(),
                              entropy=((entropy * mb_ids[3]).sum() / mb_ids[3].sum().clamp(min=1)).item())

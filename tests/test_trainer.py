@@ -97,3 +97,23 @@ def test_dynamic_sampling_with_no_signal_at_all_does_not_crash(tmp_path, random_
     _, lines = run(tmp_path, random_model_dir, funcs=[constant], dynamic_sampling=True, max_dynamic_sampling_rounds=2)
     assert lines[0]["frac_reward_zero_std"] == 1.0 and lines[0]["sampling_rounds"] == 2
     assert lines[0]["loss"] == 0.0 and lines[0]["advantages/max"] == 0.0
+
+
+def test_a_non_finite_gradient_stops_the_step_before_the_weights_change(tmp_path, random_model_dir, monkeypatch):
+    # The loss stays finite; a hook turns d loss / d logp into inf, so every parameter's gradient is non-finite.
+    import torch
+
+    import minigrpo.trainer as trainer_module
+
+    real_policy_loss = trainer_module.policy_loss
+
+    def policy_loss_with_inf_grad(logp, *args, **kwargs):
+        logp.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return real_policy_loss(logp, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "policy_loss", policy_loss_with_inf_grad)
+    steps_taken = []
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps_taken.append(1))
+    with pytest.raises(FloatingPointError, match="step 1: the gradient norm is (inf|nan)"):
+        run(tmp_path, random_model_dir, funcs=[always_half])
+    assert steps_taken == []  # optimizer.step never ran: the weights are the ones loaded
