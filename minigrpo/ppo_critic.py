@@ -114,9 +114,14 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, g
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the batch's real tokens (TRL's `masked_whiten`); padding stays 0."""
+    """(x - mean) / std over the batch's real tokens (TRL's `masked_whiten`); padding stays 0.
+
+    std is the sample std, sum (x - mean)^2 / (N - 1) over the N real tokens, as TRL's `masked_var(unbiased=True)`
+    (N = 1 divides by 1 instead of 0).
+    """
+    n_tokens = mask.sum()
     mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    var = masked_mean((x - mean) ** 2, mask) * n_tokens / (n_tokens - 1).clamp(min=1)  # Bessel's N / (N - 1)
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 

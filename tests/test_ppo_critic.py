@@ -1,5 +1,7 @@
 """PPO with a critic: GAE and the clipped value loss by hand, then a real step on a tiny random model."""
 
+import math
+
 import pytest
 import torch
 
@@ -82,11 +84,13 @@ def test_value_loss_clips_the_move_from_the_old_value():
     assert values.grad[0, 0] == 0.0 and values.grad[0, 1] != 0.0  # the clipped token gets no gradient
 
 
-def test_whiten_is_zero_mean_unit_std_over_real_tokens():
+def test_whiten_is_zero_mean_unit_sample_std_over_real_tokens():
+    # Real tokens 1..5: mean 3, sample variance (4 + 1 + 0 + 1 + 4) / (5 - 1) = 2.5, as TRL's masked_whiten.
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     x = whiten(torch.tensor([[1.0, 2.0, 99.0], [3.0, 4.0, 5.0]]), mask)
+    assert x[1, 2].item() == pytest.approx(2 / math.sqrt(2.5))
     real = x[mask.bool()]
-    assert real.mean().abs() < 1e-6 and (real.pow(2).mean() - 1).abs() < 1e-5 and x[0, 2] == 0
+    assert real.mean().abs() < 1e-6 and (real.std() - 1).abs() < 1e-5 and x[0, 2] == 0
 
 
 def fixed_batch(vocab_size, B=8, P=5, T=6):
