@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from .prompts import encode_prompts
+from .prompts import encode_prompts, left_pad
 from .rollout import Rollout, sample_completions
 
 __all__ = ["RolloutEngine", "GenerateEngine", "make_engine", "rollout_from_ids"]
@@ -78,9 +78,7 @@ def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]
     sampling_logp: the engine's log-prob of each completion token, cut the same way; 0 on padding.
     """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    G, P = num_generations, max(len(ids) for ids in prompt_ids)
-    prompt_rows = [[pad] * (P - len(ids)) + list(ids) for ids in prompt_ids for _ in range(G)]  # left-pad
-    prompt_mask = [[0] * (P - len(ids)) + [1] * len(ids) for ids in prompt_ids for _ in range(G)]
+    prompt_rows, prompt_mask = left_pad([list(ids) for ids in prompt_ids], pad)  # (B, P) each
     cut, truncated = [], []
     for ids in completion_ids:
         ids = list(ids)[:max_completion_length]
@@ -94,7 +92,8 @@ def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]
         sampling_logp = torch.tensor([list(lp[:len(ids)]) + [0.0] * (T - len(ids))
                                       for lp, ids in zip(sampling_logp, cut, strict=True)])  # (B*G, T)
     return Rollout(
-        prompt_ids=torch.tensor(prompt_rows, dtype=torch.long), prompt_mask=torch.tensor(prompt_mask, dtype=torch.long),
+        prompt_ids=prompt_rows.repeat_interleave(num_generations, dim=0),  # (B*G, P): row i*G + g is prompt i's
+        prompt_mask=prompt_mask.repeat_interleave(num_generations, dim=0),
         completion_ids=completion, completion_mask=mask,
         completions=tokenizer.batch_decode(completion, skip_special_tokens=True),
         is_truncated=torch.tensor(truncated), sampling_logp=sampling_logp,
