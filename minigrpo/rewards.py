@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["RewardError", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled", "load_reward_func",
+__all__ = ["RewardError", "completion_text", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled", "load_reward_func",
            "score_completions", "combine_rewards"]
 
 RewardFunc = Callable[..., list]
@@ -43,7 +43,7 @@ R1_STRICT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re
 R1_SOFT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
 
 
-def _completion_text(completion) -> str:
+def completion_text(completion) -> str:
     """Text of a completion, also in TRL's conversational form [{"role": "assistant", "content": ...}]."""
     if isinstance(completion, list):
         return completion[-1]["content"] if completion else ""
@@ -52,12 +52,12 @@ def _completion_text(completion) -> str:
 
 def r1_format(prompts, completions, **row) -> list[float]:
     """1.0 if the completion is exactly "<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>", else 0.0."""
-    return [float(R1_STRICT.fullmatch(_completion_text(c)) is not None) for c in completions]
+    return [float(R1_STRICT.fullmatch(completion_text(c)) is not None) for c in completions]
 
 
 def r1_format_soft(prompts, completions, **row) -> list[float]:
     """1.0 if "<think>...</think>" is followed by "<answer>...</answer>" anywhere in the completion, else 0.0."""
-    return [float(R1_SOFT.search(_completion_text(c)) is not None) for c in completions]
+    return [float(R1_SOFT.search(completion_text(c)) is not None) for c in completions]
 
 
 def overlong_penalty(max_completion_length: int, buffer_len: int) -> RewardFunc:

@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..rewards import completion_text
+
 # data/ sits next to the package in a clone or an editable install: <repo>/minigrpo/tasks/base.py -> <repo>/data.
 # MINIGRPO_DATA_DIR points elsewhere (e.g. for a wheel install that does not ship data/).
 DATA_DIR = Path(os.environ.get("MINIGRPO_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
@@ -103,14 +105,14 @@ class Task:
         raise NotImplementedError
 
     def is_correct(self, completion: str, answer: str) -> bool:
-        predicted = self.extract_answer(_text(completion))
+        predicted = self.extract_answer(completion_text(completion))
         return predicted is not None and predicted == str(answer).strip()
 
     def grade(self, completion, row: dict) -> bool:
         """Whether ``completion`` solves the problem of ``row``: what evaluation counts and the reward pays.
         Here the row's ``answer``; a task whose check needs other columns (countdown: the numbers and the
         target) overrides this."""
-        return self.is_correct(_text(completion), row["answer"])
+        return self.is_correct(completion_text(completion), row["answer"])
 
     # ---- rewards (TRL's reward-function signature) ----------------------------------------------
     def correctness_reward(self, prompts, completions, **kwargs) -> list[float]:
@@ -122,7 +124,7 @@ class Task:
 
     def format_reward(self, prompts, completions, **row) -> list[float]:
         """1.0 for a well-formed completion, else 0.0; says nothing about correctness."""
-        return [float(self.is_well_formed(_text(c))) for c in completions]
+        return [float(self.is_well_formed(completion_text(c))) for c in completions]
 
 
 def read_rows(path: Path, required: tuple[str, ...] = ("answer",), prepare=None) -> list[dict]:
@@ -166,10 +168,3 @@ def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:
                 if "prompt" in row else f'no "prompt" column (columns: {", ".join(map(repr, row)) or "none"})')
     missing = [c for c in required if c not in row]
     return f"missing column(s) {', '.join(map(repr, missing))} that this task grades with" if missing else None
-
-
-def _text(completion) -> str:
-    """Completion text; also accepts TRL's conversational form ``[{"role": ..., "content": ...}]``."""
-    if isinstance(completion, list):
-        completion = completion[-1]["content"] if completion else ""
-    return completion or ""

@@ -36,9 +36,9 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..rewards import R1_SOFT
+from ..rewards import R1_SOFT, completion_text
 from .answers import R1_SYSTEM_PROMPT, answer_tag
-from .base import Task, _text
+from .base import Task
 
 __all__ = ["CountdownTask", "evaluate_expression", "countdown_prompt"]
 
@@ -145,7 +145,7 @@ class CountdownTask(Task):
         return answer_tag(completion)
 
     def grade(self, completion, row: dict) -> bool:
-        expression = answer_tag(_text(completion))
+        expression = answer_tag(completion_text(completion))
         if expression is None:
             return False
         value = evaluate_expression(expression, row["nums"])
