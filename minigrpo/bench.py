@@ -28,27 +28,26 @@ alone against vLLM instead (bench_vllm.py).
 """
 
 import argparse
-import ctypes
-import gc
 import math
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
+from .batch import collect_batch
 from .config import Config
 from .engines import GenerateEngine
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .objectives import policy_loss
+from .peak_memory import PeakMemory
 from .rollout import sample_completions, sample_completions_hf
 from .tasks import get_task
-from .trainer import collect_batch
+from .trainer import grpo_update
 
 __all__ = ["SHAPES", "main"]
 
@@ -80,73 +79,6 @@ class Clock:
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except OSError:
-        return None
-
-
-_PAGE = 4096
-try:
-    import os
-
-    _PAGE = os.sysconf("SC_PAGE_SIZE")
-except (ValueError, AttributeError, OSError):
-    pass
-
-
-def _release_free_heap():
-    """Return freed heap to the OS (glibc), so the RSS of one measured block does not hide the next one's peak."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class PeakMemory:
-    """Peak memory a block adds on top of what was live when it started.
-
-    GPU: the CUDA allocator's own peak (`max_memory_allocated`), exact. CPU: torch keeps no statistics, so a
-    thread samples the resident set size every millisecond; the figure is the peak RSS minus the RSS at the
-    start (after freed heap went back to the OS). Weights and optimizer states exist before the block and are
-    the same on both sides, so this is the step's own memory: activations, KV cache, logits, gradients.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device, self.peak = device, None
-
-    def __enter__(self):
-        _release_free_heap()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated()
-            return self
-        self.base = _rss_bytes()
-        self.high, self.running = self.base, self.base is not None
-        if self.running:
-            self.thread = threading.Thread(target=self._sample, daemon=True)
-            self.thread.start()
-        return self
-
-    def _sample(self):
-        while self.running:
-            self.high = max(self.high, _rss_bytes())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated() - self.base
-        elif self.running:
-            self.running = False
-            self.thread.join()
-            self.peak = max(self.high, _rss_bytes()) - self.base
-
-
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -170,23 +102,17 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
     """One minigrpo optimizer step, made of the trainer's own pieces, as `trainer.train()` runs it with
     num_iterations = steps_per_generation = 1 and beta = 0 (so no old or reference log-probs are computed)."""
     clock = Clock().start()
-    batch = collect_batch(model, tokenizer, task, cfg, _InOrder(rows), reward_funcs, [1.0] * len(reward_funcs),
-                          cfg.max_completion_length, None, tokenizer.pad_token_id, GenerateEngine(model, tokenizer))
+    batch = collect_batch(cfg, GenerateEngine(model, tokenizer), _InOrder(rows), reward_funcs,
+                          [1.0] * len(reward_funcs), cfg.max_completion_length)
     _sync(device)
     rollout = clock.stop()
-    ids = [batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
-    adv, mask = batch["adv"].to(device), ids[3]
+    inputs = {k: batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "adv")}
+    inputs["loss_mask"] = inputs["completion_mask"]
     model.train()
-    logp, entropy = completion_logprobs(model, *ids, temperature=cfg.temperature, with_entropy=True)
-    loss, stats = policy_loss(logp, logp.detach(), adv, mask, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
-                              max_completion_length=cfg.max_completion_length, num_items_in_batch=mask.sum())
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    optimizer.step()
+    stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length)
     _sync(device)
     step = clock.stop()
-    return {"rollout": rollout, "step": step, "tokens": int(mask.sum().item()), "loss": loss.item()}
+    return {"rollout": rollout, "step": step, "tokens": int(inputs["loss_mask"].sum().item()), "loss": stats[0]["loss"]}
 
 
 def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):

@@ -27,8 +27,10 @@ from pathlib import Path
 
 import torch
 
+from . import distributed
+
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "truncate_metrics", "CheckpointError",
-           "RESUMABLE_CHANGES"]
+           "RESUMABLE_CHANGES", "start_or_resume"]
 
 CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
 # Config keys that may differ between the interrupted run and its resumption: they do not change what is
@@ -192,3 +194,23 @@ def truncate_metrics(metrics_path: str | os.PathLike, last_step: int, copy_to: s
     with os.fdopen(fd, "w") as f:
         f.write("".join(line + "\n" for line in kept))
     os.replace(tmp, target)
+
+
+def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
+    """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
+    checkpoint restored into model, optimizer, scheduler, RNGs, sampler and reward functions, and the run's
+    metrics.jsonl and completions.jsonl cut back to its step. A fresh run refuses a directory that holds
+    another run's checkpoints."""
+    if cfg.resume_from_checkpoint:
+        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
+        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
+                                                rank=distributed.rank(), world_size=distributed.world_size())
+        if distributed.is_main():
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
+        return start_step, run_state
+    if any((out / "checkpoints").glob("step-*.pt")):
+        raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
+                              f"--resume {out}, or choose another --out")
+    return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
+

@@ -1,4 +1,4 @@
-"""`python -m minigrpo train | eval | plot | bench | memory | ppo` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | show | bench | memory | ppo` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
@@ -10,6 +10,7 @@
     minigrpo train --config recipes/qwen2.5-0.5b-instruct_gsm8k_qlora.yaml   # a real model on one GPU (README)
     minigrpo train --task answer --dataset rows.jsonl --model DIR --reward-funcs my.py:score,r1_format_soft
     minigrpo plot runs/grpo runs/drgrpo --out plots/compare
+    minigrpo show runs/grpo --step 40               # one step's groups: completions, rewards, advantages
     minigrpo bench --against trl                    # one GRPO step, minigrpo vs TRL, side by side (needs trl)
     minigrpo memory --shape tiny                    # peak memory: GRPO full / LoRA / QLoRA vs PPO with a critic
     minigrpo ppo --max-steps 50 --lam 1 --out runs/ppo   # PPO with a critic (ppo_trainer.py): Config + PPOConfig flags
@@ -105,7 +106,7 @@ def cmd_eval(argv: list[str]) -> int:
     from .evaluate import evaluate
     from .models import load_model_and_tokenizer, resolve_device
     from .tasks import get_task
-    from .trainer import policy_path
+    from .run import policy_path
 
     cfg = load_config(None, {"task": args.task, "model_name_or_path": args.model, "dataset_name": args.dataset,
                              "dataset_config": args.dataset_config, "chat_template_kwargs": args.chat_template_kwargs})
@@ -132,6 +133,12 @@ def cmd_plot(argv: list[str]) -> int:
     return 0
 
 
+def cmd_show(argv: list[str]) -> int:
+    from .show import main as show_main
+
+    return show_main(argv)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from .bench import main as bench
 
@@ -146,14 +153,14 @@ def cmd_memory(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "bench": cmd_bench, "memory": cmd_memory,
-                "ppo": cmd_ppo}
+    commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "show": cmd_show, "bench": cmd_bench,
+                "memory": cmd_memory, "ppo": cmd_ppo}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return commands[argv[0]](argv[1:])
-    except (ConfigError, CheckpointError, DataError, OSError, RewardError) as exc:  # bad input: one line, no traceback
+    except (ConfigError, CheckpointError, DataError, OSError, RewardError, ValueError) as exc:  # bad input: one line, no traceback
         print(f"minigrpo {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -99,7 +99,9 @@ class Config:
     save_total_limit: int | None = 2  # keep the newest N checkpoints (None = all; TRL's default is None)
     resume_from_checkpoint: str | None = None  # --resume RUN: continue RUN from its newest checkpoint (or a file)
     save_model: bool = True  # save the final model (or adapter) into output_dir/model
-    log_completions: bool = True  # minigrpo: write a few sample completions per step to completions.jsonl
+    log_completions: bool = True  # write the first groups of each step to completions.jsonl (`minigrpo show RUN`)
+    log_completions_groups: int = 2  # minigrpo: how many groups (prompts, with all G completions) per step
+    report_to: list[str] | None = None  # also log to "tensorboard" and/or "wandb" (offline unless WANDB_MODE=online)
 
     def __post_init__(self):
         self.validate()
@@ -135,7 +137,12 @@ class Config:
             )
         if self.generation_batch_size % self.steps_per_generation:
             raise ConfigError("steps_per_generation: must divide generation_batch_size")
-        for key in ("eval_steps", "eval_num_samples", "save_steps"):
+        for name in self.report_to or ():
+            if name not in ("tensorboard", "wandb", "none"):
+                raise ConfigError(f"report_to: {name!r} is not one of tensorboard, wandb, none")
+        if self.report_to and "none" in self.report_to:
+            self.report_to = [n for n in self.report_to if n != "none"] or None
+        for key in ("eval_steps", "eval_num_samples", "save_steps", "log_completions_groups"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("eval_num_problems", "eval_limit", "save_total_limit"):  # None allowed where the type says so

@@ -30,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["setup", "cleanup", "world_size", "rank", "is_main", "all_reduce_sum", "average_gradients",
+__all__ = ["setup", "cleanup", "launched_processes", "world_size", "rank", "is_main", "all_reduce_sum", "average_gradients",
            "gather_objects", "broadcast_object"]
 
 
@@ -39,7 +39,7 @@ def setup(device: torch.device) -> torch.device:
 
     With CUDA, process r of a machine uses GPU LOCAL_RANK; on CPU every process uses the CPU (gloo).
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+    if launched_processes() <= 1 or dist.is_initialized():
         return device
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -54,6 +54,11 @@ def cleanup() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def launched_processes() -> int:
+    """How many processes the launcher (accelerate, torchrun) started: known before joining the group."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def world_size() -> int:

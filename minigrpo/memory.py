@@ -10,7 +10,7 @@ critic's memory, and write-ups quote "about 40% less". This command measures it 
 prints the ratio GRPO (full) / PPO (critic). Every setup runs in a fresh Python process, so one setup's
 allocations cannot leak into the next one's peak.
 
-What is measured, exactly (see models.peak_memory_bytes):
+What is measured, exactly (see peak_memory.py):
   * CUDA: torch.cuda.max_memory_allocated over the process — weights, gradients, optimizer state, activations.
   * CPU: the process's peak resident set size (VmHWM). It includes Python and the libraries (a few hundred MB,
     the same for every setup), so the table also shows "model + step": the peak minus the RSS just before the
@@ -220,10 +220,12 @@ def synthetic_batch(vocab_size: int, batch_size: int, prompt_length: int, comple
 
 
 def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None, beta: float = 0.0) -> float:
-    """One GRPO optimizer step on a given batch, as trainer.py does it (on-policy: old_logp = logp.detach())."""
+    """One GRPO optimizer step on a given batch, with the trainer's own update (`trainer.grpo_update`; on-policy,
+    so old_logp = logp.detach()). Returns the loss."""
     from .advantages import group_advantages
+    from .config import Config
     from .logprobs import completion_logprobs
-    from .objectives import policy_loss
+    from .trainer import grpo_update
 
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     adv, _ = group_advantages(rewards, group_size)
@@ -231,12 +233,9 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
     if ref_model is not None:
         with torch.no_grad():
             ref_logp = completion_logprobs(ref_model, *ids)[0]
-    logp, _ = completion_logprobs(model, *ids)
-    loss, _ = policy_loss(logp, logp.detach(), adv.to(logp.device), ids[3], beta=beta, ref_logp=ref_logp)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
+    cfg = Config(num_generations=group_size, generation_batch_size=len(rewards), beta=beta)
+    inputs = {**batch, "adv": adv.to(ids[0].device), "loss_mask": batch["completion_mask"], "ref_logp": ref_logp}
+    return grpo_update(model, optimizer, inputs, cfg, max_completion_length=ids[2].shape[1])[0]["loss"]
 
 
 def _import_model_code(model_dir: str) -> None:
@@ -250,16 +249,6 @@ def _import_model_code(model_dir: str) -> None:
     MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_dir))]
 
 
-def _reset_peak_rss() -> None:
-    """Linux: set this process's peak RSS (VmHWM) to its current RSS, so the peak that follows is the step's.
-    Elsewhere a no-op (the peak then also covers the imports; the baseline subtraction still removes most)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
 def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 8,
                   num_generations: int = 8, prompt_length: int = 32, completion_length: int = 64, steps: int = 2,
                   beta: float = 0.0, lora_r: int = 16) -> dict:
@@ -267,17 +256,14 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
 
     Meant to run alone in a fresh process (`measure` does that): the peak is the process's, from its start.
     """
-    from .models import add_lora, load_model, parameter_counts, peak_memory_bytes, reference_policy
+    from .models import add_lora, load_model, parameter_counts, reference_policy
+    from .peak_memory import peak_memory_bytes, reset_peak_memory
     from .ppo_critic import ValueModel, ppo_step
 
     device = torch.device(device)
     _import_model_code(model_dir)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)
-    else:
-        _reset_peak_rss()
-        baseline = peak_memory_bytes(device)
+    reset_peak_memory(device)
+    baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else peak_memory_bytes(device)
     t0 = time.perf_counter()
     if setup == "grpo-qlora":
         model = add_lora(load_model(model_dir, device, dtype=dtype, load_in_4bit=True, use_bnb_nested_quant=True),

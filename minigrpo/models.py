@@ -18,13 +18,12 @@ peft and bitsandbytes do the work; this file only decides what to ask them for.
 import copy
 import logging
 import os
-import resource
-import sys
 from pathlib import Path
 
 import torch
 
 from .config import ConfigError
+from .peak_memory import peak_memory_bytes  # noqa: F401  (lives in peak_memory.py; kept importable from here)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -222,28 +221,6 @@ def parameter_counts(model) -> tuple[int, int]:
         return model.get_nb_trainable_parameters()  # peft knows that a Params4bit packs two weights per byte
     total = sum(p.numel() for p in model.parameters())
     return sum(p.numel() for p in model.parameters() if p.requires_grad), total
-
-
-def peak_memory_bytes(device: torch.device | str) -> int:
-    """The peak memory so far, in bytes: what the accelerator or the process needed at its worst.
-
-    CUDA: torch.cuda.max_memory_allocated — tensors only (not the caching allocator's slack, not the CUDA
-    context), since the last torch.cuda.reset_peak_memory_stats() or the process start.
-    CPU: the process's peak resident set size over its whole lifetime, so it includes Python, torch's own
-    libraries (a few hundred MB) and anything the process did before training. On Linux it is read from
-    /proc/self/status (VmHWM, in KiB) rather than getrusage's ru_maxrss: ru_maxrss survives fork + exec, so a
-    process started by a big parent (a notebook, `minigrpo memory`) would report the parent's RSS as its own
-    peak (measured: a 10 MB child of a 1.5 GB parent reports 1.5 GB). Elsewhere ru_maxrss (KiB on Linux,
-    bytes on macOS). Compare two setups by running each in a fresh process (`minigrpo memory` does).
-    """
-    if torch.device(device).type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_path=None, dtype: str = "float32"):

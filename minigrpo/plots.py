@@ -35,9 +35,12 @@ __all__ = [
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
-    """The lines of run_dir/metrics.jsonl, one dict per step."""
+    """The lines of run_dir/metrics.jsonl, one dict per step; a file written before the metrics took TRL's names
+    (completion_length_mean, clipped_ratio, ...) is read with the new ones (metrics.RENAMED)."""
+    from .metrics import RENAMED
+
     with open(Path(run_dir) / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [{RENAMED.get(k, k): v for k, v in json.loads(line).items()} for line in f if line.strip()]
 
 
 def load_summary(run_dir: str | Path) -> dict:
@@ -106,8 +109,8 @@ def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int
     """Completion length per step: all completions (solid), correct ones (dashed), wrong ones (dotted); one colour
     per run. On think_addition a correct answer is long: it wrote its scratchpad."""
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
-    parts = (("completion_length_mean", "-", "all"), ("completion_length_correct_mean", "--", "correct"),
-             ("completion_length_incorrect_mean", ":", "wrong"))
+    parts = (("completions/mean_length", "-", "all"), ("completions/mean_length_correct", "--", "correct"),
+             ("completions/mean_length_incorrect", ":", "wrong"))
     for i, (label, metrics) in enumerate(runs.items()):
         for key, style, part in parts:
             xs, values = _series(metrics, key)
@@ -164,9 +167,9 @@ COMPARISON_PANELS = (  # (metric, y label, title) of plot_run_comparison, row by
     ("eval/accuracy_greedy", "greedy accuracy", "held-out greedy accuracy"),
     ("reward", "mean reward (= sample accuracy)", "reward of the training samples"),
     ("frac_reward_zero_std", "fraction of groups", "frac_reward_zero_std (no signal)"),
-    ("completion_length_mean", "tokens (eos included)", "completion length: all samples"),
-    ("completion_length_correct_mean", "tokens (eos included)", "completion length: right answers"),
-    ("completion_length_incorrect_mean", "tokens (eos included)", "completion length: wrong answers"),
+    ("completions/mean_length", "tokens (eos included)", "completion length: all samples"),
+    ("completions/mean_length_correct", "tokens (eos included)", "completion length: right answers"),
+    ("completions/mean_length_incorrect", "tokens (eos included)", "completion length: wrong answers"),
     ("entropy", "nats / token", "policy entropy"),
     ("clip_ratio/region_mean", "fraction clipped (symlog)", "clip_ratio/region_mean"),
     ("approx_kl", "nats / token", "approx_kl (old -> new policy)"),
@@ -213,8 +216,8 @@ def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int 
     penalised less per token, so wrong answers may drift longer.
     """
     ax = ax or plt.subplots(figsize=(9, 3.8))[1]
-    parts = (("completion_length_mean", "all"), ("completion_length_correct_mean", "right answers"),
-             ("completion_length_incorrect_mean", "wrong answers"))
+    parts = (("completions/mean_length", "all"), ("completions/mean_length_correct", "right answers"),
+             ("completions/mean_length_incorrect", "wrong answers"))
     width = 0.8 / len(parts)
     colors = ("0.6", "#2a9d8f", "#e76f51")  # not the runs' colours C0.., which the bars are not
     for j, (key, part) in enumerate(parts):
@@ -272,9 +275,9 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
         "reward.png": [("reward", "mean reward", "reward per step (training samples)")],
         "accuracy.png": [("eval/accuracy_greedy", "greedy accuracy", "held-out greedy accuracy")],
         "length.png": [
-            ("completion_length_mean", "tokens", "completion length (all)"),
-            ("completion_length_correct_mean", "tokens", "completion length (correct answers)"),
-            ("completion_length_incorrect_mean", "tokens", "completion length (wrong answers)"),
+            ("completions/mean_length", "tokens", "completion length (all)"),
+            ("completions/mean_length_correct", "tokens", "completion length (correct answers)"),
+            ("completions/mean_length_incorrect", "tokens", "completion length (wrong answers)"),
         ],
         "zero_std.png": [("frac_reward_zero_std", "fraction of groups", "groups with zero reward std (no signal)")],
         "clip_entropy.png": [

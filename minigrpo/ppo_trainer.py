@@ -12,7 +12,7 @@ evaluation as `trainer.train`, so that a GRPO run and a PPO run differ only in w
 Prompts are still sampled G at a time, which PPO does not need, so that GRPO's group-relative advantage can be
 computed on the very same batch and its variance logged beside GAE's (`adv_var/*`).
 
-metrics.jsonl has trainer.train's names (reward, accuracy, eval/accuracy_greedy, completion_length_*, entropy,
+metrics.jsonl has trainer.train's names (reward, accuracy, eval/accuracy_greedy, completions/*, entropy,
 clip_ratio/*, grad_norm, step_seconds, ...; `advantages` holds PPO's raw GAE advantage of each completion's first
 token) plus, all measured on the step's batch:
     pg_loss, vf_loss, vf_clipfrac, value_mean      the two losses and the critic's clipping (ppo_critic.value_loss)
@@ -37,31 +37,31 @@ What this loop simplifies, on purpose:
 """
 
 import dataclasses
-import json
 import math
-import os
 import random
 import time
-from statistics import fmean
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import get_type_hints
 
 import torch
 import yaml
 from tqdm.auto import tqdm
 
+from . import distributed
 from .advantages import group_advantages
+from .batch import PromptSampler, collect_batch
 from .config import Config, ConfigError, _coerce
 from .engines import make_engine
 from .logprobs import completion_logprobs
-from .models import (is_quantized, load_policy, parameter_counts, peak_memory_bytes, reference_policy, resolve_device,
-                     save_policy)
+from .metrics import gather_batch, step_metrics
+from .models import load_policy, parameter_counts, reference_policy, resolve_device
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
-from .rewards import RewardError
+from .rewards import RewardError, reward_names
+from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
+from .run_log import RunLog, completion_records
 from .tasks import get_task
-from .trainer import (PromptSampler, collect_batch, evaluator, gather_batch, json_line, lr_lambda, policy_path,
-                      prepare_task, step_metrics)
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -129,7 +129,7 @@ def _check(cfg: Config, ppo: PPOConfig) -> None:
     """One-line errors for the Config settings this loop does not honour, rather than silently ignoring them."""
     unsupported = {"resume_from_checkpoint": None, "save_steps": 0, "dynamic_sampling": False, "beta": 0.0,
                    "mask_truncated_completions": False, "load_in_4bit": False}
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if distributed.launched_processes() > 1:
         raise ConfigError("train_ppo: one process only (several processes: minigrpo train, the GRPO family)")
     for key, default in unsupported.items():
         if getattr(cfg, key) != default:
@@ -157,23 +157,18 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
-    reward_names = [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(reward_funcs)]
     ref_model = reference_policy(model) if ppo.kl_coef > 0 else None
     engine = make_engine(cfg, model, tokenizer)
     critic_lr = ppo.critic_learning_rate or cfg.learning_rate
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.learning_rate},
-         {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}],
-        betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))  # the same factor for both groups
+    optimizer, scheduler = make_optimizer(cfg, [  # the critic in its own param group; the same schedule for both
+        {"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.learning_rate},
+        {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}])
     sampler = PromptSampler(train_rows, cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "algorithm": "ppo", "ppo": ppo.to_dict()},
                                                     sort_keys=False))
-    metrics_file = open(out / "metrics.jsonl", "w")
-    eval_rows = test_rows[: cfg.eval_num_problems]
+    log = RunLog(out, cfg)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
@@ -185,8 +180,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         t0 = time.perf_counter()
         # 1-2. Sample and score, exactly as GRPO does (collect_batch also computes GRPO's advantage: logged only).
         with autocast():
-            batch = collect_batch(model, tokenizer, task, cfg, sampler, reward_funcs, weights, max_len, None,
-                                  tokenizer.pad_token_id, engine)
+            batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len)
         t_generate = time.perf_counter() - t0
         rewards = batch["rewards"].to(device)  # (N,)
         if rewards.isnan().any():
@@ -221,7 +215,8 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         #    token), then the critic's and the two estimators' variances on this same batch.
         grpo_adv = batch["adv"]  # group_advantages(rewards, G) as GRPO would train on it, (N,)
         batch["adv"] = targets["raw_adv"][:, 0].cpu()
-        row = {"step": step, **step_metrics(gather_batch(batch, task), step_stats, reward_names)}
+        gathered = gather_batch(batch, task)
+        row = {"step": step, **step_metrics(gathered, step_stats, reward_names(reward_funcs))}
         row.update({k: fmean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
         row.update(targets["stats"])
         centred, _ = group_advantages(batch["rewards"], G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
@@ -233,38 +228,22 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                    step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-            row["eval/accuracy_greedy"] = evaluate_on(eval_rows)["accuracy_greedy"]
-        metrics_file.write(json_line(row))
-        metrics_file.flush()
+            row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
+        log.log(step, row, completion_records(step, batch, reward_names(reward_funcs), gathered["correct"].tolist(),
+                                              cfg.log_completions_groups, G))
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
-    metrics_file.close()
+    log.close()
 
-    after = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
-    trainable_params, total_params = parameter_counts(model)
     critic_trainable, critic_total = parameter_counts(value_model)
-    peak_memory = peak_memory_bytes(device)
-    if cfg.save_model:  # the policy only: the critic is a training device, not a product
-        save_policy(model, tokenizer, out / "model", base_name_or_path=policy_path(cfg, task),
-                    dtype=cfg.dtype)
-    summary = {
-        "task": task.name, "model": str(policy_path(cfg, task)), "algorithm": "ppo",
-        "loss_type": "ppo", "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
-        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
-        "accuracy_before_sampled": before.get("accuracy_sampled"),
-        "accuracy_after_sampled": after.get("accuracy_sampled"),
-        "completion_length_before": before["mean_length_greedy"],
-        "completion_length_after": after["mean_length_greedy"],
-        "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
-        "device": str(device), "torch": torch.__version__, "quantized": is_quantized(model),
-        "trainable_params": trainable_params + critic_trainable, "total_params": total_params + critic_total,
-        "policy_params": total_params, "critic_params": critic_total,
-        "peak_memory_bytes": peak_memory,  # CUDA peak allocated, or the process's peak RSS on CPU (models.py)
-        "ppo": ppo.to_dict(),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    from .plots import plot_critic_runs, plot_runs
+    trainable_params, total_params = parameter_counts(model)
+    from .plots import plot_critic_runs
 
-    plot_runs([out], out / "plots")
-    plot_critic_runs([out], out / "plots")
-    return summary
+    # The policy only is saved: the critic is a training device, not a product.
+    return finish_run(cfg, task, model, tokenizer, out, before=before,
+                      after=evaluate_on(test_rows, num_samples=cfg.eval_num_samples), num_test_problems=len(test_rows),
+                      wall_seconds=wall_seconds, device=device, plot_extra=plot_critic_runs,
+                      algorithm="ppo", loss_type="ppo", trainable_params=trainable_params + critic_trainable,
+                      total_params=total_params + critic_total, policy_params=total_params,
+                      critic_params=critic_total, ppo=ppo.to_dict())
+
 

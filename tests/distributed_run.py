@@ -12,7 +12,7 @@ import sys
 
 import minigrpo.trainer
 from minigrpo.config import Config
-from minigrpo.engines import rollout_from_ids
+from minigrpo.rollout import rollout_from_ids
 
 
 class ScriptedEngine:

@@ -77,6 +77,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, random_model_
     assert resumed["resumed_from_step"] == checkpoint_step  # only the steps after the newest checkpoint are redone
     assert [m["step"] for m in metrics(killed)] == list(range(1, 11))  # each step once
     assert metrics(killed) == metrics(tmp_path / "whole")
+    # completions.jsonl too: cut back to the checkpoint's step on resume, then continued line for line
+    assert (killed / "completions.jsonl").read_text() == (tmp_path / "whole" / "completions.jsonl").read_text()
     assert resumed["eval_before"] == whole["eval_before"] and resumed["eval_after"] == whole["eval_after"]
     assert [p.name for p in sorted((killed / "checkpoints").iterdir())] == ["step-000006.pt", "step-000009.pt"]
 

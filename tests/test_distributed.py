@@ -56,7 +56,7 @@ def test_two_processes_match_one(tmp_path, one_thread, loss_type):
     assert [r["step"] for r in two] == [1, 2, 3], "rank 0 alone writes one line per step"
     for a, b in zip(one, two):
         assert a["advantages"] == pytest.approx(b["advantages"], abs=1e-4)  # same completions, same order
-        for key in ("reward", "reward_std", "completion_length_mean", "accuracy", "frac_reward_zero_std"):
+        for key in ("reward", "reward_std", "completions/mean_length", "accuracy", "frac_reward_zero_std"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
         for key in ("loss", "grad_norm", "entropy"):  # the global loss, the averaged gradient, a token mean
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
@@ -159,5 +159,5 @@ def test_two_process_run_resumes_exactly(tmp_path, one_thread):
             "--resume", str(tmp_path / "a" / "checkpoints" / "step-000002.pt")], one_thread, processes=2)
     a, b = metrics(tmp_path / "a"), metrics(tmp_path / "b")
     assert [r["step"] for r in b] == [1, 2, 3]  # steps 1-2 copied from a's history, step 3 trained again
-    for key in ("reward", "advantages", "completion_length_mean", "loss", "grad_norm", "entropy"):
+    for key in ("reward", "advantages", "completions/mean_length", "loss", "grad_norm", "entropy"):
         assert b[2][key] == a[2][key], key

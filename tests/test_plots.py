@@ -17,12 +17,12 @@ from minigrpo.plots import (  # noqa: E402
 
 METRICS = [  # three logged steps; eval at steps 2 and 3
     {"step": 1, "step_seconds": 1.5, "reward": 0.2, "frac_reward_zero_std": 0.5, "entropy": 1.0, "advantages": [1.0, -1.0, 0.0],
-     "completion_length_mean": 10.0, "completion_length_correct_mean": 20.0, "completion_length_incorrect_mean": 5.0},
+     "completions/mean_length": 10.0, "completions/mean_length_correct": 20.0, "completions/mean_length_incorrect": 5.0},
     {"step": 2, "step_seconds": 2.0, "reward": 0.4, "frac_reward_zero_std": 0.4, "entropy": 0.9, "advantages": [0.5, -0.5, 0.0],
-     "completion_length_mean": 12.0, "completion_length_correct_mean": 20.0, "completion_length_incorrect_mean": None,
+     "completions/mean_length": 12.0, "completions/mean_length_correct": 20.0, "completions/mean_length_incorrect": None,
      "eval/accuracy_greedy": 0.5},
     {"step": 3, "step_seconds": 1.0, "reward": 0.6, "frac_reward_zero_std": 0.3, "entropy": 0.8, "advantages": [0.2, -0.2, 0.0],
-     "completion_length_mean": 15.0, "completion_length_correct_mean": 19.0, "completion_length_incorrect_mean": 6.0,
+     "completions/mean_length": 15.0, "completions/mean_length_correct": 19.0, "completions/mean_length_incorrect": 6.0,
      "eval/accuracy_greedy": 0.7},
 ]
 

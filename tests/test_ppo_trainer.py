@@ -13,7 +13,7 @@ from minigrpo.rewards import RewardError
 SMALL = dict(max_steps=2, num_generations=4, generation_batch_size=16, eval_steps=1, eval_num_problems=8,
              eval_num_samples=0, eval_limit=16, save_model=False, learning_rate=1e-3)
 GRPO_KEYS = {"step", "loss", "reward", "reward_std", "frac_reward_zero_std", "accuracy", "advantages",
-             "completion_length_mean", "clip_ratio/region_mean", "entropy", "grad_norm", "step_seconds",
+             "completions/mean_length", "clip_ratio/region_mean", "entropy", "grad_norm", "step_seconds",
              "generate_seconds", "eval/accuracy_greedy"}
 PPO_KEYS = {"pg_loss", "vf_loss", "vf_clipfrac", "value_mean", "value/v0_mse", "value/v0_bias", "value/v0_mean",
             "value/explained_variance", "adv_var/gae_t0", "adv_var/gae_tokens", "adv_var/grpo",

@@ -10,7 +10,7 @@ from minigrpo.trainer import train
 
 SMALL = dict(max_steps=2, num_generations=4, generation_batch_size=16, eval_steps=1, eval_num_problems=8,
              eval_num_samples=2, eval_limit=16, save_model=False, learning_rate=1e-3)
-REQUIRED_KEYS = {"step", "loss", "reward", "reward_std", "frac_reward_zero_std", "completion_length_mean",
+REQUIRED_KEYS = {"step", "loss", "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                  "clip_ratio/region_mean", "kl", "entropy", "step_seconds"}
 
 

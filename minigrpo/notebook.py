@@ -1,6 +1,6 @@
 """Small helpers the notebooks share: what is installed, and whether to run the short version.
 
-    from minigrpo.utils import print_versions, fast_mode
+    from minigrpo.notebook import print_versions, fast_mode
     print_versions()          # python, torch, transformers, peft, minigrpo, and the device in use
     FAST = fast_mode()        # True when MINIGRPO_FAST=1: notebooks shrink their runs (CI does this)
 """

@@ -1,0 +1,146 @@
+"""What a run reports: one line of metrics.jsonl per step, and summary.json at the end (both trainers).
+
+Names follow TRL's GRPOTrainer where TRL logs the same quantity, so its users find them where they look:
+
+    reward, reward_std, rewards/<func>/mean|std    the combined reward and each reward function's
+    frac_reward_zero_std                           groups whose rewards are all equal (advantage 0), of all sampled
+    completions/mean_length|min_length|max_length  completion tokens (eos included), over all completions
+    completions/mean_terminated_length             ... over those that ended with an eos
+    completions/clipped_ratio                      completions cut off at max_completion_length
+    entropy, clip_ratio/low_mean|high_mean|region_mean, kl, grad_norm, loss, learning_rate
+
+and minigrpo's own: accuracy (the task's grader on the training samples), frac_reward_nan, advantages/* and
+`advantages` (every completion's, for the histograms), completions/mean_length_correct|incorrect (the length of
+right and wrong answers: where length drift shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds
+(dynamic sampling), sampling/* (vLLM's log-probs against the trainer's), step_seconds, generate_seconds,
+tokens_per_second, eval/accuracy_greedy.
+
+Files written before these names (completion_length_mean, clipped_ratio, ...) are read with the new names by
+`plots.load_metrics` (RENAMED below).
+"""
+
+import json
+import math
+from statistics import fmean
+
+import torch
+
+from . import distributed
+
+__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "run_summary", "RENAMED"]
+
+# metrics.jsonl names before they followed TRL's -> now.
+RENAMED = {
+    "completion_length_mean": "completions/mean_length",
+    "completion_length_min": "completions/min_length",
+    "completion_length_max": "completions/max_length",
+    "completion_length_correct_mean": "completions/mean_length_correct",
+    "completion_length_incorrect_mean": "completions/mean_length_incorrect",
+    "clipped_ratio": "completions/clipped_ratio",
+}
+
+
+def gather_batch(batch: dict, task) -> dict:
+    """What step_metrics reads of a batch, as CPU tensors, concatenated over the processes in rank order (so
+    in the order a one-process run holds the same prompts). With one process: this batch's."""
+    correct = [task.grade(c, r) for c, r in zip(batch["completions"], batch["rows"])]
+    mine = {
+        "rewards": batch["rewards"].cpu(), "adv": batch["adv"].cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
+        "lengths": batch["completion_mask"].sum(1).cpu(), "is_truncated": batch["is_truncated"].cpu(),
+        "rewards_per_func": batch["rewards_per_func"].cpu(), "zero_std_sampled": batch["zero_std_sampled"].cpu(),
+        "sampling_rounds": torch.tensor([batch["sampling_rounds"]]),
+    }
+    ranks = distributed.gather_objects(mine)
+    return {key: torch.cat([r[key] for r in ranks]) for key in mine}
+
+
+def gather_stats(step_stats: list[dict]) -> list[dict]:
+    """Each mini-batch's loss statistics over all processes (every rank ran as many mini-batches).
+
+    loss and grad_norm are the same quantity on every rank's scale (the loss is normalised so that the ranks'
+    average is the global batch's; the gradient is averaged before its norm is taken): a plain mean. The
+    rest are token means (entropy, clip ratios, ratio, KL): weighted by each rank's tokens, which makes them
+    the global batch's token mean. (GSPO's sequence-level clip ratios are sequence means: token-weighting them
+    is then an approximation.)"""
+    ranks = distributed.gather_objects(step_stats)
+    if len(ranks) == 1:
+        return step_stats
+    gathered = []
+    for i, stats in enumerate(step_stats):
+        tokens = [r[i]["tokens"] for r in ranks]
+        weighted = lambda key: sum(r[i][key] * n for r, n in zip(ranks, tokens)) / max(sum(tokens), 1)  # noqa: E731
+        gathered.append({key: fmean(r[i][key] for r in ranks) if key in ("loss", "grad_norm") else weighted(key)
+                         for key in stats})
+    return gathered
+
+
+def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -> dict:
+    """The per-step numbers of metrics.jsonl (module docstring). batch: as `gather_batch` returns it;
+    step_stats: one dict per mini-batch, as `gather_stats` returns them."""
+    rewards, adv, lengths, correct = batch["rewards"], batch["adv"], batch["lengths"], batch["correct"]
+    scored, ended = ~rewards.isnan(), ~batch["is_truncated"]
+    row = {
+        "loss": fmean(s["loss"] for s in step_stats),
+        "reward": rewards[scored].mean().item() if scored.any() else math.nan,
+        "reward_std": rewards[scored].std().item() if scored.sum() > 1 else 0.0,
+        "frac_reward_zero_std": batch["zero_std_sampled"].float().mean().item(),
+        "frac_reward_nan": (~scored).float().mean().item(),
+        "accuracy": correct.float().mean().item(),
+        "advantages/mean": adv.mean().item(), "advantages/std": adv.std().item(),
+        "advantages/min": adv.min().item(), "advantages/max": adv.max().item(),
+        "advantages": [round(a, 4) for a in adv.tolist()],
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(), "completions/max_length": lengths.max().item(),
+        "completions/mean_terminated_length": lengths[ended].mean().item() if ended.any() else None,
+        "completions/mean_length_correct": lengths[correct].mean().item() if correct.any() else None,
+        "completions/mean_length_incorrect": lengths[~correct].mean().item() if (~correct).any() else None,
+        "completions/clipped_ratio": batch["is_truncated"].float().mean().item(),
+        "sampling_rounds": batch["sampling_rounds"].max().item(),
+    }
+    for j, name in enumerate(reward_names):
+        col = batch["rewards_per_func"][:, j]
+        row[f"rewards/{name}/mean"] = col.nanmean().item()
+        row[f"rewards/{name}/std"] = col[~col.isnan()].std().item() if (~col.isnan()).sum() > 1 else 0.0
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean", "approx_kl",
+                "entropy", "grad_norm"):
+        row[key] = fmean(s[key] for s in step_stats)
+    row["kl"] = fmean(s["kl"] for s in step_stats) if "kl" in step_stats[0] else None
+    for key in step_stats[0]:  # what only some objectives report (sapo/gate_slope_mean, ...): under their own names
+        if "/" in key and key not in row and not key.startswith("clip_ratio/"):
+            row[key] = fmean(s[key] for s in step_stats)
+    return row
+
+
+def json_line(row: dict) -> str:
+    """One line of metrics.jsonl. A number that is missing (NaN: no reward scored; or infinite) is written null:
+    Python's json would write NaN, which jq, JavaScript and pandas' strict readers refuse."""
+    return json.dumps(finite_or_none(row), allow_nan=False) + "\n"
+
+
+def finite_or_none(x):
+    """x with every non-finite float (in dicts and lists too) replaced by None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite_or_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [finite_or_none(v) for v in x]
+    return x
+
+
+def run_summary(cfg, task, model_name, *, before: dict, after: dict, num_test_problems: int, wall_seconds: float,
+                device, quantized: bool, params: tuple[int, int], peak_memory_bytes: int, **extra) -> dict:
+    """summary.json: the run's settings that matter for comparing runs, accuracy and completion length before
+    and after training, cost. extra: what one trainer adds (PPO: its critic's size and settings)."""
+    return finite_or_none({
+        "task": task.name, "model": str(model_name), "dataset": cfg.dataset_name, "loss_type": cfg.loss_type,
+        "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
+        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
+        "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),
+        "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
+        "eval_before": before, "eval_after": after, "num_test_problems": num_test_problems,
+        "device": str(device), "torch": torch.__version__,
+        "quantized": quantized, "trainable_params": params[0], "total_params": params[1],
+        "peak_memory_bytes": peak_memory_bytes,  # CUDA peak allocated, or the process's peak RSS on CPU
+        **extra,
+    })

@@ -1,0 +1,101 @@
+"""A run's set-up and wrap-up, shared by both trainers (trainer.py, ppo_trainer.py): which model, which rows
+and reward functions, the optimizer and its schedule, how to evaluate, and what is written at the end.
+"""
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+from .config import Config, ConfigError
+from .evaluate import evaluate
+from .metrics import run_summary
+from .models import is_quantized, parameter_counts, save_policy
+from .peak_memory import peak_memory_bytes
+from .prompts import encode_prompts
+from .rewards import build_reward_funcs
+from .tasks import Task
+
+__all__ = ["policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "finish_run"]
+
+
+def policy_path(cfg: Config, task: Task):
+    """The model to train: cfg.model_name_or_path, else the task's shipped tiny model (addition tasks only)."""
+    if cfg.model_name_or_path is None and not task.model_dir.exists():
+        raise ConfigError(f"model_name_or_path: the task {task.name!r} ships no model; pass one with --model "
+                          f"(a local directory or a hub name such as Qwen/Qwen2.5-0.5B-Instruct)")
+    return cfg.model_name_or_path or task.model_dir
+
+
+def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs: list | None = None):
+    """The run's rows and reward functions, checked before any step: (train_rows, test_rows, reward_funcs,
+    reward_weights, max_completion_length). One-line ConfigError for an empty split, a weight count that does
+    not match, or prompts that leave no room for the completion in the model's context."""
+    max_len = cfg.max_completion_length or task.max_completion_length
+    if reward_funcs is None:
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+    weights = cfg.reward_weights or [1.0] * len(reward_funcs)
+    if len(weights) != len(reward_funcs):
+        raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
+    load = lambda split: task.load(split, cfg.dataset_name, cfg.dataset_config)  # noqa: E731
+    train_rows, test_rows = load(cfg.dataset_train_split), load(cfg.dataset_test_split)[: cfg.eval_limit]
+    for split, rows in (("train", train_rows), ("test", test_rows)):
+        if not rows:
+            raise ConfigError(f"task: the {split} split of {cfg.dataset_name or task.name!r} is empty")
+    context = getattr(model_config, "max_position_embeddings", None)
+    for rows in (train_rows, test_rows):  # training and evaluation both sample up to max_len tokens
+        prompt_ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], cfg.chat_template_kwargs)
+        longest_prompt = max(len(ids) for ids in prompt_ids)
+        if context is not None and longest_prompt + max_len > context:
+            raise ConfigError(
+                f"max_completion_length: prompt ({longest_prompt} tokens) + completion ({max_len}) exceeds "
+                f"the model's context of {context} tokens"
+            )
+    return train_rows, test_rows, reward_funcs, weights, max_len
+
+
+def lr_lambda(cfg: Config):
+    """The learning rate's factor at each optimizer step: linear warm-up, then constant or linear decay to 0."""
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+        decay = max(0.0, 1 - step / cfg.max_steps) if cfg.lr_scheduler_type == "linear" else 1.0
+        return warm * decay
+
+    return factor
+
+
+def make_optimizer(cfg: Config, params) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with the config's settings (params: parameters, or param groups with their own lr) and its schedule.
+    The scheduler steps once per batch, the optimizer once per mini-batch."""
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+
+def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: int):
+    """evaluate() with this run's settings: its sampling temperature, completion budget and chat template."""
+    return functools.partial(evaluate, model, tokenizer, task, temperature=cfg.temperature,
+                             max_completion_length=max_completion_length, chat_template_kwargs=cfg.chat_template_kwargs)
+
+
+def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: dict, after: dict,
+               num_test_problems: int, wall_seconds: float, device, plot_extra=None, **extra) -> dict:
+    """After the last step (main process): save the policy, write summary.json and the plots; returns the summary.
+
+    Peak memory is read before saving: merging a LoRA adapter reloads the base model. extra: what one trainer
+    adds to the summary; plot_extra(run_dirs, plots_dir): its own plots."""
+    peak_memory = peak_memory_bytes(device)
+    params = parameter_counts(model)
+    if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/
+        save_policy(model, tokenizer, out / "model", base_name_or_path=policy_path(cfg, task), dtype=cfg.dtype)
+    summary = run_summary(cfg, task, policy_path(cfg, task), before=before, after=after,
+                          num_test_problems=num_test_problems, wall_seconds=wall_seconds, device=device,
+                          quantized=is_quantized(model), params=params, peak_memory_bytes=peak_memory, **extra)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    from .plots import plot_runs  # matplotlib, only when a run ends
+
+    plot_runs([out], out / "plots")
+    if plot_extra is not None:
+        plot_extra([out], out / "plots")
+    return summary

@@ -1,0 +1,136 @@
+"""Where a run's numbers and samples go as it trains: metrics.jsonl, completions.jsonl, and optionally
+TensorBoard or Weights & Biases (`report_to`, TRL's name; off by default).
+
+    output_dir/metrics.jsonl       one JSON line per step (metrics.py names them)
+    output_dir/completions.jsonl   one JSON line per logged group: the first `log_completions_groups` prompts of
+                                   each step, every completion of their group with its reward from every reward
+                                   function, advantage, length and whether it was cut off (`minigrpo show RUN`)
+    output_dir/tensorboard/        report_to: tensorboard — the metrics as scalars, the completions as a text table
+    output_dir/wandb/              report_to: wandb — the same, as a run and a wandb.Table; offline unless you set
+                                   WANDB_MODE=online (then `wandb sync` is not needed)
+
+Only the main process writes. Both trainers use it.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from .metrics import finite_or_none, json_line
+
+__all__ = ["RunLog", "completion_records", "REPORT_TO"]
+
+REPORT_TO = ("tensorboard", "wandb")
+
+
+def completion_records(step: int, batch: dict, reward_names: list[str], correct: list[bool], num_groups: int,
+                       group_size: int) -> list[dict]:
+    """The first num_groups groups of a batch as completions.jsonl lines: {"step", "group", "prompt", "answer"
+    (when the row has one), "completions": [{"text", "reward", "rewards": {name: value}, "advantage", "length",
+    "truncated", "correct"}]}. Rewards that no function could score are null."""
+    records = []
+    lengths = batch["completion_mask"].sum(1).long().tolist()
+    for g in range(min(num_groups, len(batch["rows"]) // group_size)):
+        rows = range(g * group_size, (g + 1) * group_size)
+        first = batch["rows"][rows[0]]
+        record = {"step": step, "group": g, "prompt": first["prompt"]}
+        if "answer" in first:
+            record["answer"] = first["answer"]
+        record["completions"] = [{
+            "text": batch["completions"][i],
+            "reward": batch["rewards"][i].item(),
+            "rewards": {name: batch["rewards_per_func"][i, j].item() for j, name in enumerate(reward_names)},
+            "advantage": round(batch["adv"][i].item(), 6),
+            "length": lengths[i],
+            "truncated": bool(batch["is_truncated"][i]),
+            "correct": bool(correct[i]),
+        } for i in rows]
+        records.append(finite_or_none(record))
+    return records
+
+
+class RunLog:
+    """The run's log files (and report_to's loggers), opened once. `resume_step` > 0 appends to what a resumed
+    run left (checkpoint.py has already cut both files back to that step)."""
+
+    def __init__(self, out: Path, cfg, *, resume_step: int = 0, enabled: bool = True):
+        self.enabled, self.cfg, self.writers = enabled, cfg, []
+        if not enabled:
+            return
+        mode = "a" if resume_step else "w"
+        self.metrics = open(out / "metrics.jsonl", mode)
+        self.completions = open(out / "completions.jsonl", mode) if cfg.log_completions else None
+        for name in cfg.report_to or ():
+            self.writers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(out, cfg))
+
+    def log(self, step: int, row: dict, completions: list[dict] | None = None) -> None:
+        if not self.enabled:
+            return
+        self.metrics.write(json_line(row))
+        self.metrics.flush()
+        if self.completions is not None and completions:
+            self.completions.writelines(json.dumps(r, allow_nan=False) + "\n" for r in completions)
+            self.completions.flush()
+        scalars = {k: v for k, v in finite_or_none(row).items() if isinstance(v, (int, float)) and k != "step"}
+        for writer in self.writers:
+            writer.log(step, scalars, completions or [])
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.metrics.close()
+        if self.completions is not None:
+            self.completions.close()
+        for writer in self.writers:
+            writer.close()
+
+
+def _table_rows(completions: list[dict]) -> list[list]:
+    """completions.jsonl records -> rows of TRL's completions table: step, prompt, completion, reward, advantage."""
+    return [[r["step"], str(r["prompt"]), c["text"], c["reward"], c["advantage"]]
+            for r in completions for c in r["completions"]]
+
+
+class _TensorBoard:
+    def __init__(self, out: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise ImportError(f"report_to: tensorboard needs the tensorboard package ({exc}); "
+                              "pip install tensorboard") from None
+        self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+
+    def log(self, step, scalars, completions):
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        if completions:
+            lines = ["| step | prompt | completion | reward | advantage |", "|---|---|---|---|---|"]
+            lines += ["| " + " | ".join(str(x).replace("|", "\\|").replace("\n", " ") for x in row) + " |"
+                      for row in _table_rows(completions)]
+            self.writer.add_text("completions", "\n".join(lines), step)
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
+
+
+class _WandB:
+    def __init__(self, out: Path, cfg):
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ImportError(f"report_to: wandb needs the wandb package ({exc}); pip install wandb") from None
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "minigrpo"), dir=str(out), config=cfg.to_dict(),
+                              name=Path(cfg.output_dir).name, mode=os.environ.get("WANDB_MODE", "offline"),
+                              reinit="create_new")
+
+    def log(self, step, scalars, completions):
+        data = dict(scalars)
+        if completions:
+            data["completions"] = self.wandb.Table(columns=["step", "prompt", "completion", "reward", "advantage"],
+                                                   data=_table_rows(completions))
+        self.run.log(data, step=step)
+
+    def close(self):
+        self.run.finish()
