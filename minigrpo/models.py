@@ -16,6 +16,7 @@ peft and bitsandbytes do the work; this file only decides what to ask them for.
 """
 
 import copy
+import json
 import logging
 import os
 from pathlib import Path
@@ -169,13 +170,35 @@ def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, ta
     return get_peft_model(model, lora)
 
 
+def adapter_base(name_or_path: str | os.PathLike) -> str | None:
+    """The base model of a LoRA adapter directory (from its adapter_config.json); None for anything else."""
+    path = Path(str(name_or_path)).expanduser()
+    if not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return None
+    return json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+
+
 def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
-    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too)."""
+    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too).
+
+    name_or_path may be a LoRA adapter (a run's model/ with use_peft): training then continues that adapter on
+    its base. Without use_peft an adapter is refused in one line: its merged model is what to train fully."""
+    base = adapter_base(name_or_path)
+    if base is not None and not cfg.use_peft:
+        raise ConfigError(f"model_name_or_path: {name_or_path} is a LoRA adapter (on {base}); continue training it "
+                          f"with use_peft, or train all weights of its merged model (minigrpo writes it beside the "
+                          f"adapter, as {Path(name_or_path).name}_merged)")
     model = load_model(
-        name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
+        base or name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
         bnb_4bit_quant_type=cfg.bnb_4bit_quant_type, use_bnb_nested_quant=cfg.use_bnb_nested_quant,
     )
-    if cfg.use_peft:
+    if cfg.use_peft and base is not None:  # the adapter's own r, alpha and targets: cfg's lora_* do not apply
+        from peft import PeftModel, prepare_model_for_kbit_training
+
+        if getattr(model, "is_loaded_in_4bit", False):
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
+    elif cfg.use_peft:
         model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                          target_modules=cfg.lora_target_modules)
     return model, load_tokenizer(name_or_path)
@@ -242,6 +265,7 @@ def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_pa
     from peft import PeftModel
 
     base_name_or_path = base_name_or_path or model.peft_config["default"].base_model_name_or_path
+    base_name_or_path = adapter_base(base_name_or_path) or base_name_or_path  # trained on from an adapter: its base
     base = load_model(base_name_or_path, "cpu", dtype=dtype)
     merged = PeftModel.from_pretrained(base, out_dir).merge_and_unload()
     merged_dir = out_dir.with_name(out_dir.name + "_merged")

@@ -172,3 +172,23 @@ def test_trl_model_config_names():
     assert names <= {f.name for f in dataclasses.fields(trl.ModelConfig)}
     assert names <= {f.name for f in dataclasses.fields(Config)}
     assert "use_vllm" in {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+
+
+def test_training_continues_from_a_saved_adapter(tmp_path, random_model_dir):
+    """--model RUN/model (a LoRA adapter) with use_peft continues that adapter on its base; without use_peft it is
+    refused in one line (was: transformers' "does not require grad" traceback at the first backward)."""
+    first = train(Config(model_name_or_path=str(random_model_dir), output_dir=str(tmp_path / "a"), use_peft=True,
+                         lora_r=4, **SMALL), reward_funcs=[always_half], progress=False)
+    adapter = tmp_path / "a" / "model"
+    with pytest.raises(ConfigError, match=r"model_name_or_path: .* is a LoRA adapter \(on .*\); continue training it "
+                                          r"with use_peft"):
+        load_policy(Config(model_name_or_path=str(adapter)), str(adapter), torch.device("cpu"))
+    model, _ = load_policy(Config(use_peft=True), str(adapter), torch.device("cpu"))
+    saved = PeftModel.from_pretrained(load_model(random_model_dir), str(adapter))
+    assert parameter_counts(model)[0] > 0  # the adapter is trainable again
+    model.eval()  # (LoRA dropout)
+    assert torch.equal(logits(model, some_ids()), logits(saved, some_ids()))  # ... and it starts where it stopped
+    second = train(Config(model_name_or_path=str(adapter), output_dir=str(tmp_path / "b"), use_peft=True, **SMALL),
+                   reward_funcs=[always_half], progress=False)
+    assert second["eval_before"]["accuracy_greedy"] == first["eval_after"]["accuracy_greedy"]
+    assert (tmp_path / "b" / "model_merged" / "config.json").exists()  # merged onto the adapter's base, once
