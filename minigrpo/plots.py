@@ -88,21 +88,31 @@ def _label(ax, xlabel: str | None, ylabel: str, title: str, *, legend_size: int 
 
 
 def plot_curve(runs: dict[str, list[dict]], key: str, *, ax=None, ylabel: str | None = None, title: str | None = None,
-               window: int = 10, style: str = "-", x: str = "step", start: dict[str, float] | None = None):
+               window: int = 10, style: str = "-", x: str = "step", start: dict[str, float] | None = None,
+               ylim: tuple[float, float] | None = None):
     """One metric against the step (or training time, x="seconds"), for every run in {label: metrics}.
 
-    window: trailing moving average (1 = raw). start: {label: value at step 0} prepended to that run's line, e.g.
-    the accuracy before training from summary.json, so an evaluation curve starts where training started.
+    window: trailing moving average (1 = raw), then said in the title. start: {label: value at step 0} prepended
+    to that run's line, e.g. the accuracy before training from summary.json, so an evaluation curve starts where
+    training started (drawn alone when the run logged no evaluation during training). ylim: the y range, e.g.
+    (0, 1) for a fraction, so that a small change is not drawn as a large one.
     """
     ax = ax or plt.subplots(figsize=(6, 3.5))[1]
     for label, metrics in runs.items():
         xs, values = _series(metrics, key, x)
+        values = smooth(values, window) if window > 1 else values
+        if start and label in start:
+            xs, values = [0, *xs], [start[label], *values]
         if xs:
-            values = smooth(values, window) if window > 1 else values
-            if start and label in start:
-                xs, values = [0, *xs], [start[label], *values]
-            ax.plot(xs, values, style, label=label)
-    return _label(ax, X_LABELS[x], ylabel or key, title or key)
+            ax.plot(xs, values, style if len(xs) > 1 else "o", label=label)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    return _label(ax, X_LABELS[x], ylabel or key, smoothed_title(title or key, window))
+
+
+def smoothed_title(title: str, window: int) -> str:
+    """A plot's title, saying so when its curves are trailing means rather than the logged values."""
+    return title if window <= 1 else f"{title} ({window}-step trailing mean)"
 
 
 def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int = 5, title: str | None = None):
@@ -116,8 +126,8 @@ def plot_completion_lengths(runs: dict[str, list[dict]], *, ax=None, window: int
             xs, values = _series(metrics, key)
             if xs:
                 ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
-    return _label(ax, "step", "tokens per completion (eos included)", title or "completion length (training samples)",
-                  legend_size=7)
+    return _label(ax, "step", "tokens per completion (eos included)",
+                  smoothed_title(title or "completion length (training samples)", window), legend_size=7)
 
 
 def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] | None = None, title: str | None = None):
@@ -151,7 +161,7 @@ def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title
                         label=f"after ({summary['num_test_problems']} problems)")
         axes[0, 1].legend(fontsize=8)
     plot_curve(run, "frac_reward_zero_std", ax=axes[0, 2], ylabel="fraction of groups", window=window,
-               title="frac_reward_zero_std (groups with no signal)")
+               title="frac_reward_zero_std (groups with no signal)", ylim=(0, 1))
     plot_completion_lengths(run, ax=axes[1, 0], window=window)
     plot_advantage_histogram(metrics, ax=axes[1, 1])
     plot_curve(run, "entropy", ax=axes[1, 2], ylabel="nats / token", window=window, title="policy entropy")
@@ -266,6 +276,9 @@ def plot_sampling_mismatch(runs: dict[str, list[dict]], *, axes=None):
     return axes
 
 
+FRACTIONS = ("frac_reward_zero_std", "eval/accuracy_greedy")  # drawn on 0..1
+
+
 def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 10) -> list[Path]:
     """Write the standard figures for one or several runs into out_dir; returns the PNG paths."""
     out_dir = Path(out_dir)
@@ -290,7 +303,7 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
         for ax, (key, ylabel, title) in zip(axes[0], panels):
             plot_curve(runs, key, ax=ax, ylabel=ylabel, title=title, window=1 if key.startswith("eval/") else window,
-                       style="o-" if key.startswith("eval/") else "-")
+                       style="o-" if key.startswith("eval/") else "-", ylim=(0, 1) if key in FRACTIONS else None)
         if filename == "accuracy.png":
             plot_before_after(run_dirs, axes[0][0])
         fig.tight_layout()
