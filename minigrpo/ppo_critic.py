@@ -207,6 +207,7 @@ def ppo_update(policy, value_model, optimizer, batch: dict, targets: dict, *, cl
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     mask = ids[3].float()
     old_logp, old_values, adv, returns = (targets[k] for k in ("old_logp", "old_values", "adv", "returns"))
+    is_weight = targets.get("is_weight")  # (B, T) or (B, 1): vLLM's sampling correction (engine_mismatch.py), or None
     params = [p for group in optimizer.param_groups for p in group["params"]]
     B, history = mask.shape[0], []
     for _ in range(num_ppo_epochs):
@@ -216,7 +217,8 @@ def ppo_update(policy, value_model, optimizer, batch: dict, targets: dict, *, cl
                 logp, entropy = completion_logprobs(policy, *mb_ids, temperature=temperature, with_entropy=True)
                 values = completion_values(value_model, *mb_ids)  # (b, T)
             mb_old_logp = logp.detach() if old_logp is None else old_logp[mb]
-            pg_loss, stats = policy_loss(logp, mb_old_logp, adv[mb], mask[mb], loss_type="bnpo", epsilon=cliprange)
+            pg_loss, stats = policy_loss(logp, mb_old_logp, adv[mb], mask[mb], loss_type="bnpo", epsilon=cliprange,
+                                         token_weights=None if is_weight is None else is_weight[mb])
             vf_loss, vf_stats = value_loss(values, old_values[mb], returns[mb], mask[mb], cliprange_value)
             loss = pg_loss + vf_coef * vf_loss
             if not torch.isfinite(loss):

@@ -62,6 +62,7 @@ from .rewards import RewardError, reward_names
 from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
 from .run_log import RunLog, completion_records
 from .tasks import get_task
+from .trainer import vllm_correction
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -158,7 +159,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
     ref_model = reference_policy(model) if ppo.kl_coef > 0 else None
-    engine = make_engine(cfg, model, tokenizer)
+    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in train_rows], max_len)
     critic_lr = ppo.critic_learning_rate or cfg.learning_rate
     optimizer, scheduler = make_optimizer(cfg, [  # the critic in its own param group; the same schedule for both
         {"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.learning_rate},
@@ -196,7 +197,11 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                                                                           temperature=cfg.temperature)[0]
             targets = ppo_targets(model, value_model, ids, rewards, ref_logp=ref_logp, kl_coef=ppo.kl_coef,
                                   gamma=ppo.gamma, lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
-                                  temperature=cfg.temperature, need_old_logp=not on_policy)
+                                  temperature=cfg.temperature,
+                                  need_old_logp=not on_policy or batch["sampling_logp"] is not None)
+        # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token, as in train().
+        targets["is_weight"], sampling_stats = vllm_correction(cfg, targets["old_logp"], batch["sampling_logp"],
+                                                               ids["completion_mask"])
 
         # 4. Optimise policy and critic together.
         model.train()
@@ -226,7 +231,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                     "grpo_advantages": [round(a, 4) for a in grpo_adv.tolist()]})
         row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
                    step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=batch["completion_mask"].sum().item() / step_seconds)
+                   tokens_per_second=batch["completion_mask"].sum().item() / step_seconds, **sampling_stats)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         log.log(step, row, completion_records(step, batch, reward_names(reward_funcs), gathered["correct"].tolist(),

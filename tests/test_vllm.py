@@ -295,6 +295,19 @@ def test_train_with_vllm_logs_the_mismatch(vllm_run):
     assert json.loads((vllm_run / "summary.json").read_text())["steps"] == 4
 
 
+def test_ppo_with_vllm_logs_and_corrects_the_mismatch(tmp_path):
+    """minigrpo ppo --use-vllm: the same sampling/* statistics as GRPO, and the importance weight on PPO's loss."""
+    out = tmp_path / "ppo"
+    flags = [f for f in TRAIN_FLAGS if f not in ("--save-steps", "2")]
+    _minigrpo("ppo", *flags[:flags.index("--max-steps")], "--max-steps", "2", "--out", str(out))
+    lines = _lines(out)
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:
+        assert 0 < m["sampling/sampling_logp_difference/max"] < TOL
+        assert 1 - TOL < m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/max"] < 1 + TOL
+    assert lines[0]["grad_norm"] > 0
+
+
 def test_resume_with_vllm_samples_from_the_restored_weights(vllm_run, tmp_path):
     """Resumed from step 2, the engine starts after the checkpoint is loaded: at step 3 vLLM's log-probs equal the
     trainer's. Measured with the engine made before the checkpoint was loaded (vLLM serving the shipped weights):
