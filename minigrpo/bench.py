@@ -308,10 +308,8 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.against == "vllm":
-        from .bench_vllm import main as against_vllm
-
-        return against_vllm(args)
+    if args.against != "trl":  # `minigrpo bench --against vllm` is bench_vllm.main (cli.py sends it there)
+        raise SystemExit(f"minigrpo bench: --against {args.against} is run by bench_vllm.main")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -140,8 +140,13 @@ def cmd_show(argv: list[str]) -> int:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    from .bench import main as bench
+    from .bench import main as bench, parse_args
 
+    args = parse_args(argv)
+    if args.against == "vllm":
+        from .bench_vllm import main as against_vllm
+
+        return against_vllm(args)
     return bench(argv)
 
 

@@ -9,21 +9,17 @@ completion. So they plug into minigrpo's trainer and into ``trl.GRPOTrainer`` al
 Graders never raise: an empty or garbled completion is simply wrong (0.0).
 """
 
-import json
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..rewards import completion_text
+from .sources import DataError, json_lines, read_dataset
 
 # data/ sits next to the package in a clone or an editable install: <repo>/minigrpo/tasks/base.py -> <repo>/data.
 # MINIGRPO_DATA_DIR points elsewhere (e.g. for a wheel install that does not ship data/).
 DATA_DIR = Path(os.environ.get("MINIGRPO_DATA_DIR", Path(__file__).resolve().parents[2] / "data"))
-
-
-class DataError(ValueError):
-    """A task's data file that cannot be read as rows; the message names the file and the line."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +58,6 @@ class Task:
             if not path.exists():
                 raise FileNotFoundError(f"{path} not found; rebuild it with `python {self.data_script}`")
             return read_rows(path, self.required_columns, self.prepare_row)
-        from .sources import read_dataset
-
         rows = [self.prepare_row(row) for row in read_dataset(dataset, split, dataset_config or self.dataset_config)]
         for number, row in enumerate(rows, start=1):
             problem = check_row(row, self.required_columns)
@@ -139,20 +133,6 @@ def read_rows(path: Path, required: tuple[str, ...] = ("answer",), prepare=None)
             raise DataError(f"{path}:{number}: {problem}")
         rows.append(row)
     return rows
-
-
-def json_lines(path: Path) -> list[tuple[int, object]]:
-    """(line number, parsed value) for each non-empty line of a JSONL file; DataError naming file:line otherwise."""
-    parsed = []
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                parsed.append((number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-    return parsed
 
 
 def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:

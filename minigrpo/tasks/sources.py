@@ -13,13 +13,30 @@ Rows come back as plain dicts, one per problem; every column is kept (TRL hands 
 the task's job (base.check_row). Nothing here needs a model.
 """
 
+import json
 from pathlib import Path
 
-from .base import DataError, json_lines
-
-__all__ = ["read_dataset", "held_out_size"]
+__all__ = ["read_dataset", "held_out_size", "json_lines", "DataError"]
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class DataError(ValueError):
+    """A task's data file that cannot be read as rows; the message names the file and the line."""
+
+
+def json_lines(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed value) for each non-empty line of a JSONL file; DataError naming file:line otherwise."""
+    parsed = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                parsed.append((number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    return parsed
 
 
 def held_out_size(num_rows: int) -> int:
