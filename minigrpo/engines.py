@@ -19,7 +19,6 @@ builds a contract-abiding Rollout from plain lists of token ids, for engines lik
 
 from typing import Protocol
 
-
 from .prompts import encode_prompts
 from .rollout import Rollout, sample_completions
 
