@@ -155,7 +155,9 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     device = resolve_device(cfg.device)
     task = get_task(cfg.task)
     model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full or LoRA
+    sampling_rng = torch.get_rng_state()  # building the critic must not move the stream the samples come from:
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
+    torch.set_rng_state(sampling_rng)  # ... so PPO's first batch is GRPO's first batch, sample for sample
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
     ref_model = reference_policy(model) if ppo.kl_coef > 0 else None
