@@ -24,9 +24,13 @@ never a rounding residue divided by eps). NaN rewards mark unscorable completion
 their group's mean and std and get advantage 0.
 """
 
+import math
+
 import torch
 
-__all__ = ["group_advantages", "rloo_advantages", "process_advantages", "kl_penalized_rewards"]
+__all__ = ["group_advantages", "rloo_advantages", "process_advantages", "kl_penalized_rewards",
+           "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "opo_advantages",
+           "grpo_passk_advantages", "pass_at_k_advantages", "gpg_advantages", "normalize_then_sum_advantages"]
 
 
 def _nan_std(x: torch.Tensor, dim: int, *, unbiased: bool) -> torch.Tensor:
@@ -183,3 +187,216 @@ def kl_penalized_rewards(
     """
     kl_seq = ((logp - ref_logp).detach() * mask).sum(-1)  # (N,)
     return rewards - beta * kl_seq
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Round 2: more baselines and normalisations (REINFORCE++, OPO, pass@k, GPG, GDPO)
+# ---------------------------------------------------------------------------------------------------------
+def _token_whiten(values: torch.Tensor, weights: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps), mean and Bessel-corrected var weighted by `weights` (token counts).
+
+    verl's masked_whiten over a (N, T) tensor whose rows are constant is this with weights = tokens per row.
+    Fewer than two tokens: the variance divides by 1 instead of 0.
+    """
+    n = weights.sum()
+    mean = (values * weights).sum() / n.clamp(min=1e-8)
+    var = ((values - mean) ** 2 * weights).sum() / (n - 1).clamp(min=1.0)
+    return (values - mean) * torch.rsqrt(var + eps)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0) -> torch.Tensor:
+    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262): no critic and no group, the return-to-go whitened over the
+    batch's tokens,
+
+        G_{i,t} = sum_{s >= t} gamma^(s - t) r_{i,s}          A_{i,t} = (G_{i,t} - mean G) / sqrt(var G + 1e-8)
+
+    mean and (Bessel-corrected) var over every completion token of the batch; verl's
+    compute_reinforce_plus_plus_outcome_advantage. With one outcome reward at the last token and gamma = 1,
+    G_{i,t} = r_i: the reward whitened over tokens, so a long completion weighs more in the batch statistics.
+
+    Args:
+        rewards: (N,) one outcome reward per completion, placed on its last completion token, or (N, T) token
+            rewards (e.g. the reward minus a per-token KL penalty). NaN = unscorable: reward 0 and left out.
+        mask: (N, T) 1 on completion tokens. A masked-out token inside a completion (tool output) carries the
+            return past it unchanged, as in verl.
+    Returns:
+        adv: (N, T), 0 on padding.
+    """
+    mask = mask.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
+    scored = torch.ones(mask.shape[0], dtype=torch.bool)
+    if rewards.dim() == 1:
+        scored = ~rewards.isnan()
+        positions = torch.arange(mask.shape[1], dtype=mask.dtype)
+        last = (mask * (positions + 1)).argmax(-1)  # (N,) index of each completion's last token
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(mask.shape[0]), last] = rewards.nan_to_num(0.0).to(mask.dtype) * (mask.sum(-1) > 0)
+    else:
+        token_rewards = rewards.to(mask.dtype)
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros(mask.shape[0], dtype=mask.dtype)
+    for t in reversed(range(mask.shape[1])):  # carried through masked-out tokens unchanged
+        running = torch.where(mask[:, t] > 0, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running * mask[:, t]
+    weights = mask * scored.unsqueeze(-1)
+    return _token_whiten(returns, weights) * weights
+
+
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_size: int, mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262): the group mean as baseline, then the batch's
+    whitening instead of GRPO's per-group std,
+
+        A_i = (x_i - mean_tok x) / sqrt(var_tok x + 1e-8),      x_i = r_i - mean(r_group)
+
+    mean_tok / var_tok over every completion token of the batch (x_i counted |o_i| times, Bessel-corrected), as
+    verl's compute_reinforce_plus_plus_baseline_outcome_advantage. Dividing by one batch-wide std keeps easy and
+    hard prompts on one scale (GRPO's per-group std inflates near-degenerate groups).
+
+    Args:
+        rewards: (N,), groups of `group_size` consecutive rows; NaN = unscorable (left out, advantage 0).
+        mask: (N, T) 1 on completion tokens (only its row sums, the lengths, are used).
+    Returns:
+        adv: (N,), one per completion (0 for unscorable or empty completions).
+    """
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+    centred = (grouped - grouped.nanmean(dim=1, keepdim=True)).view(-1)  # (N,)
+    centred = centred.masked_fill(_all_equal(grouped, 1).repeat_interleave(group_size), 0.0)
+    scored = ~centred.isnan()
+    lengths = mask.sum(-1).to(centred.dtype) * scored  # (N,) weight of each completion in the batch statistics
+    adv = _token_whiten(centred.nan_to_num(0.0), lengths)
+    return adv.masked_fill(lengths == 0, 0.0)
+
+
+def opo_advantages(rewards: torch.Tensor, group_size: int, lengths: torch.Tensor) -> torch.Tensor:
+    """OPO's length-weighted baseline ("On-Policy RL with Optimal Reward Baseline", Hao et al. 2025,
+    arXiv 2505.23585).
+
+    The variance-minimising baseline is b* = E[||grad log pi(o)||^2 r] / E[||grad log pi(o)||^2]; taking the squared
+    gradient norm proportional to the completion's length gives a length-weighted mean of the group's rewards:
+
+        b = sum_j |o_j| r_j / sum_j |o_j|          A_i = r_i - b              (no std scaling)
+
+    as verl's compute_opo_outcome_advantage. Args: rewards (N,), groups consecutive, NaN = unscorable (left out,
+    advantage 0); lengths (N,) completion lengths |o_i|. Returns adv (N,).
+    """
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+    scored = ~grouped.isnan()
+    weight = lengths.to(grouped.dtype).view(-1, group_size) * scored  # (P, G)
+    r = grouped.nan_to_num(0.0)
+    baseline = (weight * r).sum(1, keepdim=True) / weight.sum(1, keepdim=True).clamp(min=1e-8)  # (P, 1)
+    adv = (r - baseline).masked_fill(~scored | _all_equal(grouped, 1).unsqueeze(1), 0.0)
+    return adv.view(-1)
+
+
+def grpo_passk_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = True,
+                          eps: float = 1e-6) -> torch.Tensor:
+    """GRPO for pass@k: only the best completion of each group gets an advantage, the margin over the runner-up,
+
+        A_{i*} = (r_max - r_second) / (std(r_group) + eps),    i* = argmax_i r_i;    A_i = 0 for i != i*
+
+    (verl's compute_grpo_passk_outcome_advantage, citing Tang et al. 2025, arXiv 2503.19595): the group is
+    scored by its best member, as pass@k scores k attempts. std is the sample std (verl: torch.std); scale=False
+    drops it (verl's norm_adv_by_std_in_grpo=False). Ties for the best give margin 0. NaN rewards never win.
+    Args: rewards (N,), groups consecutive (G >= 2). Returns adv (N,).
+    """
+    if group_size < 2:
+        raise ValueError("grpo_passk needs group_size >= 2 (a best and a runner-up)")
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+    values = grouped.nan_to_num(-torch.inf)
+    top2 = values.topk(2, dim=1).values  # (P, 2)
+    margin = (top2[:, 0] - top2[:, 1]).nan_to_num(0.0, posinf=0.0)  # fewer than two scored: no margin
+    if scale:
+        margin = margin / (_nan_std(grouped, 1, unbiased=True) + eps)
+    adv = torch.zeros_like(grouped)
+    adv[torch.arange(len(grouped)), values.argmax(1)] = margin
+    return adv.view(-1)
+
+
+def pass_at_k_advantages(rewards: torch.Tensor, group_size: int, k: int) -> torch.Tensor:
+    """Pass@k training, the analytic advantage ("Pass@k Training for Adaptively Balancing Exploration and
+    Exploitation of Large Reasoning Models", Chen et al. 2025, arXiv 2508.10751).
+
+    Score every k-subset of the group by its best member (pass@k: 1 if any of the k is correct) and give each
+    completion the mean normalised score of the subsets it is in. For 0/1 rewards, N completions of which N_neg
+    are wrong, this has a closed form (no sampling of subsets):
+
+        R     = 1 - C(N_neg, k) / C(N, k)                    mean score of a k-subset (unbiased pass@k)
+        sigma = sqrt(R (1 - R))
+        A_pos = (1 - R) / sigma                              every subset with a correct answer scores 1
+        A_neg = (1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / sigma
+                                                             a wrong answer's subsets all fail with that chance
+
+    k = 1 is GRPO with population std. A group with every answer right, or too few wrong ones to fill a k-subset,
+    has sigma = 0 and advantage 0. Args: rewards (N,) in {0, 1}, NaN = unscorable (left out, advantage 0);
+    1 <= k <= group_size. Returns adv (N,).
+    """
+    if not 1 <= k <= group_size:
+        raise ValueError(f"pass@k needs 1 <= k <= group_size={group_size}, got k={k}")
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+    scored = ~grouped.isnan()
+    if not ((grouped == 0) | (grouped == 1) | ~scored).all():
+        raise ValueError("pass@k advantages need 0/1 rewards (a completion is right or wrong)")
+    adv = torch.zeros_like(grouped)
+    for p, (row, ok) in enumerate(zip(grouped, scored)):
+        n, n_neg = int(ok.sum()), int((row[ok] == 0).sum())
+        if n < k:
+            continue
+        mean = 1 - math.comb(n_neg, k) / math.comb(n, k)
+        sigma = math.sqrt(mean * (1 - mean))
+        if sigma == 0.0:
+            continue
+        a_neg = (1 - mean - math.comb(n_neg - 1, k - 1) / math.comb(n - 1, k - 1)) / sigma if n_neg else 0.0
+        adv[p] = torch.where(row == 1, row.new_tensor((1 - mean) / sigma), row.new_tensor(a_neg)).masked_fill(~ok, 0.0)
+    return adv.view(-1)
+
+
+def gpg_advantages(rewards: torch.Tensor, group_size: int, *, f_norm: float = 1.0) -> torch.Tensor:
+    """GPG's advantage (Chu et al. 2025, arXiv 2504.02546; the loss is objectives/gpg.py):
+
+        A_i = alpha * (r_i - mean(r_group)) / F_norm,       alpha = N / (N - M)
+
+    M = the completions of all-equal groups (advantage 0, no gradient): the token-mean loss divides by all N
+    completions' tokens, and alpha scales the batch back up as if only the N - M informative ones were there.
+    F_norm = 1 in the paper (no std scaling). verl's compute_gpg_outcome_advantage counts non-zero raw rewards
+    instead of informative completions (alpha = N / #{r_i != 0}); the two agree when every all-equal group is all
+    zeros and no informative completion has reward 0 (tests/test_parity_round2.py). NaN rewards: left out.
+    Args: rewards (N,), groups consecutive. Returns adv (N,).
+    """
+    adv, zero_std = group_advantages(rewards, group_size, scale="none")
+    informative = (~zero_std).sum()
+    alpha = rewards.numel() / informative.clamp(min=1)
+    return alpha * adv / f_norm
+
+
+def normalize_then_sum_advantages(rewards_per_func: torch.Tensor, group_size: int,
+                                  weights: torch.Tensor | None = None, *, eps: float = 1e-4) -> torch.Tensor:
+    """GDPO ("Group reward-Decoupled Normalization Policy Optimization", arXiv 2601.05242) = TRL's
+    multi_objective_aggregation="normalize_then_sum".
+
+    With several reward functions, GRPO sums them and normalises the sum: a reward with a large spread drowns
+    the others. GDPO normalises each reward function in its group first, sums with the weights, then normalises
+    the sum over the batch:
+
+        r~_{i,k} = (r_{i,k} - mean_group(r_k)) / (std_group(r_k) + eps)
+        s_i = sum_k w_k r~_{i,k}            A_i = (s_i - mean_batch(s)) / (std_batch(s) + eps)
+
+    As TRL 1.16: sample stds, eps = 1e-4; a function's NaN (it does not apply) is left out of its group's stats and
+    adds 0 to s_i; a completion no function scored is left out of the batch stats and gets A = 0. minigrpo also
+    gives exactly 0 to the members of groups where every function's rewards are all equal (no signal; TRL leaves
+    a rounding residue there). verl's compute_gdpo_outcome_advantage whitens the sum over tokens instead.
+
+    Args: rewards_per_func (N, K); weights (K,) (None = 1). Returns adv (N,).
+    """
+    r = rewards_per_func if rewards_per_func.is_floating_point() else rewards_per_func.float()
+    N, K = r.shape
+    weights = torch.ones(K, dtype=r.dtype) if weights is None else torch.as_tensor(weights, dtype=r.dtype)
+    grouped = r.view(-1, group_size, K)  # (P, G, K)
+    flat = grouped.transpose(1, 2).reshape(-1, group_size)  # (P*K, G): one row per (prompt, function)
+    constant = _all_equal(flat, 1).view(-1, 1, K)  # (P, 1, K)
+    normalised = (grouped - grouped.nanmean(1, keepdim=True)) / (_nan_std(flat, 1, unbiased=True).view(-1, 1, K) + eps)
+    normalised = normalised.masked_fill(constant, 0.0)
+    summed = (normalised.nan_to_num(0.0) * weights).sum(-1).view(-1)  # (N,)
+    unscorable = r.isnan().all(-1)
+    summed = summed.masked_fill(unscorable, math.nan)
+    adv = (summed - summed.nanmean()) / (_nan_std(summed.view(1, -1), 1, unbiased=True) + eps)
+    no_signal = constant.all(-1).repeat_interleave(group_size, dim=1).view(-1)
+    return adv.nan_to_num(0.0).masked_fill(no_signal | unscorable, 0.0)

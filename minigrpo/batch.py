@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from . import distributed
-from .advantages import group_advantages, kl_penalized_rewards, rloo_advantages
+from .advantages import (gpg_advantages, group_advantages, grpo_passk_advantages, kl_penalized_rewards,
+                         normalize_then_sum_advantages, opo_advantages, pass_at_k_advantages, reinforce_pp_advantages,
+                         reinforce_pp_baseline_advantages, rloo_advantages)
 from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
@@ -64,13 +66,32 @@ class PromptSampler:
         self.order = list(state["order"])
 
 
-def compute_advantages(rewards: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_advantages(rewards: torch.Tensor, cfg, lengths: torch.Tensor | None = None,
+                       rewards_per_func: torch.Tensor | None = None,
+                       reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(N,) rewards, grouped by cfg.num_generations -> (adv (N,), zero_std (N,)), as cfg asks: GRPO's group
-    z-score (scale_rewards, std_type) or RLOO's leave-one-out baseline. advantages.py has the formulas."""
-    G = cfg.num_generations
+    z-score (scale_rewards, std_type), RLOO's leave-one-out baseline, or cfg.advantage_estimator's (verl's names);
+    GDPO (multi_objective_aggregation="normalize_then_sum") from each reward function's rewards (N, F).
+    lengths (N,): completion lengths, for the estimators that weigh by them. advantages.py has the formulas."""
+    G, estimator = cfg.num_generations, cfg.advantage_estimator
     adv, zero_std = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
-    if cfg.advantage_estimator == "rloo":
+    token_mask = None if lengths is None else (torch.arange(int(lengths.max())) < lengths[:, None]).float()  # (N, T)
+    if cfg.multi_objective_aggregation == "normalize_then_sum":
+        adv = normalize_then_sum_advantages(rewards_per_func, G, torch.tensor(reward_weights))
+    elif estimator == "rloo":
         adv = rloo_advantages(rewards, G)  # the same zero-std groups: their advantages are 0 under both
+    elif estimator == "reinforce_plus_plus":  # (N, T), the same on every token of a completion: its mean
+        adv = reinforce_pp_advantages(rewards, token_mask).sum(-1) / lengths.clamp(min=1)
+    elif estimator == "reinforce_plus_plus_baseline":
+        adv = reinforce_pp_baseline_advantages(rewards, G, token_mask)
+    elif estimator == "opo":
+        adv = opo_advantages(rewards, G, lengths)
+    elif estimator == "grpo_passk":
+        adv = grpo_passk_advantages(rewards, G, scale=cfg.scale_rewards != "none")
+    elif estimator == "pass_at_k":
+        adv = pass_at_k_advantages(rewards, G, cfg.pass_k)
+    elif estimator == "gpg":
+        adv = gpg_advantages(rewards, G)
     return adv, zero_std
 
 
@@ -100,8 +121,10 @@ def sample_round(cfg, engine, rows: list[dict], reward_funcs: list, reward_weigh
 
     # Advantages need the group's rewards (always on this rank) or, for scale_rewards="batch", the whole batch's:
     # with several processes, gather every rank's rewards, then keep this rank's share.
-    batch_rewards = torch.cat(distributed.gather_objects(rewards))  # (N * W,) in rank order
-    adv, zero_std = compute_advantages(batch_rewards, cfg)
+    lengths = roll.completion_mask.sum(-1).cpu()  # (N,), for the estimators that weigh by length
+    batch_rewards, batch_lengths, batch_per_func = (torch.cat(distributed.gather_objects(x))  # (N * W, ...)
+                                                    for x in (rewards, lengths, rewards_per_func))
+    adv, zero_std = compute_advantages(batch_rewards, cfg, batch_lengths, batch_per_func, reward_weights)
     share = slice(distributed.rank() * len(rewards), (distributed.rank() + 1) * len(rewards))
     return {
         "prompt_ids": roll.prompt_ids, "prompt_mask": roll.prompt_mask,

@@ -66,6 +66,10 @@ class Config:
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
     std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
     advantage_estimator: str = "grpo"  # minigrpo: "grpo" (group z-score) or "rloo" (leave-one-out)
+    # ... or verl's reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg; or pass_at_k
+    pass_k: int = 4  # minigrpo: k of advantage_estimator="pass_at_k" (Pass@k Training's analytic advantage)
+    # "sum_then_normalize" (GRPO) or "normalize_then_sum" (GDPO: each reward normalised in its group, then summed)
+    multi_objective_aggregation: str = "sum_then_normalize"
     mask_truncated_completions: bool = False  # truncated completions get no loss (DAPO)
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample more until the batch is full
     max_dynamic_sampling_rounds: int = 4  # minigrpo: give up filling the batch after this many samplings
@@ -80,6 +84,18 @@ class Config:
     kl_estimator: str = "k3"  # minigrpo: k1, k2, k3
     kl_in_reward: bool = False  # minigrpo: fold beta * KL into the reward instead of the loss
     gmpo_epsilon: float = 0.4  # minigrpo: GMPO's log-space clip range
+    vespo_k_pos: float = 2.0  # VESPO's kernel phi(W) = W^k e^(lambda (1 - W)) for A >= 0 ...
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # ... and for A < 0
+    vespo_lambda_neg: float = 2.0
+    clip_cov_ratio: float = 2e-4  # verl: Clip-Cov detaches this fraction of tokens, among cov in (lb, ub)
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4  # verl: KL-Cov penalises this fraction of tokens (largest covariance)
+    ppo_kl_coef: float = 1.0  # verl: KL-Cov's coefficient on |log rho|
+    use_bias_correction_kl: bool = False  # KL term times rho, unbiased off-policy (DeepSeek-V3.2); TRL's default: True
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2: drop A < 0 completions whose sampler KL exceeds it
+    top_entropy_quantile: float = 1.0  # policy loss only on this top fraction of tokens by entropy (80/20 rule: 0.2)
     num_iterations: int = 1  # PPO epochs over each batch (TRL's mu)
     steps_per_generation: int = 1  # optimizer steps (mini-batches) per generated batch
     # --- optimizer ---
@@ -110,8 +126,11 @@ class Config:
         choices = {
             "scale_rewards": ("group", "batch", "none"),
             "std_type": ("sample", "population"),
-            "advantage_estimator": ("grpo", "rloo"),
-            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gmpo"),
+            "advantage_estimator": ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
+                                    "grpo_passk", "pass_at_k", "gpg"),
+            "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "gmpo", "vespo", "gpg",
+                          "clip_cov", "kl_cov"),
             "importance_sampling_level": ("token", "sequence", "sequence_token"),
             "kl_estimator": ("k1", "k2", "k3"),
             "lr_scheduler_type": ("constant", "linear"),
@@ -176,6 +195,32 @@ class Config:
                               "correction off or use another loss_type")
         if self.loss_type == "gmpo" and self.importance_sampling_level != "token":
             raise ConfigError("importance_sampling_level: gmpo builds its own sequence ratio, use 'token'")
+        if self.loss_type in ("gpg", "clip_cov", "kl_cov") and self.importance_sampling_level != "token":
+            raise ConfigError(f"importance_sampling_level: {self.loss_type} works on token ratios, use 'token'")
+        clip_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.delta is not None and self.loss_type not in ("cispo", "sapo", "gmpo", "vespo", "gpg", "kl_cov") \
+                and not self.delta > 1 + clip_high:
+            raise ConfigError(f"delta: {self.delta} must be > 1 + epsilon_high = {1 + clip_high} (it caps the ratio "
+                              "above the clip range; verl's dual-clip c)")
+        if not 0 <= self.top_entropy_quantile <= 1:
+            raise ConfigError(f"top_entropy_quantile: must be in [0, 1], got {self.top_entropy_quantile}")
+        if self.off_policy_mask_threshold is not None and not self.off_policy_mask_threshold > 0:
+            raise ConfigError(f"off_policy_mask_threshold: must be > 0 (or None), got {self.off_policy_mask_threshold}")
+        if self.use_bias_correction_kl and (self.beta == 0 or self.kl_in_reward):
+            raise ConfigError("use_bias_correction_kl: corrects the KL term of the loss; it needs beta > 0 and "
+                              "kl_in_reward false")
+        for key in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(f"{key}: must be in (0, 1], got {getattr(self, key)}")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ConfigError(f"clip_cov_lb: {self.clip_cov_lb} must be below clip_cov_ub ({self.clip_cov_ub})")
+        if self.advantage_estimator == "pass_at_k" and not 1 <= self.pass_k <= self.num_generations:
+            raise ConfigError(f"pass_k: must be in [1, num_generations={self.num_generations}], got {self.pass_k}")
+        if self.multi_objective_aggregation == "normalize_then_sum" and (
+                self.advantage_estimator != "grpo" or self.scale_rewards != "group" or self.kl_in_reward):
+            raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) normalises each reward in its "
+                              "group, then the sum over the batch; use advantage_estimator 'grpo', scale_rewards "
+                              "'group', kl_in_reward false")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

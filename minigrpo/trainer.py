@@ -41,7 +41,7 @@ from .engines import make_engine
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import load_policy, reference_policy, resolve_device
-from .objectives import policy_loss
+from .objectives import CONFIG_OPTIONS, policy_loss
 from .rewards import reward_names
 from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
 from .run_log import RunLog, completion_records
@@ -97,6 +97,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         inputs = {k: batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "adv")}
         ids = [inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
         inputs["loss_mask"] = inputs["completion_mask"]
+        inputs["sampling_logp"] = None if batch["sampling_logp"] is None else batch["sampling_logp"].to(device)
         if cfg.mask_truncated_completions:  # DAPO: a cut-off completion teaches nothing about its ending
             inputs["loss_mask"] = inputs["loss_mask"] * (~batch["is_truncated"].to(device)).unsqueeze(1)
 
@@ -166,6 +167,7 @@ def grpo_update(model, optimizer, inputs: dict, cfg: Config, *, max_completion_l
     N, W = inputs["adv"].shape[0], distributed.world_size()
     ids = [inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     old_logp, ref_logp, is_weight, loss_mask = (inputs.get(k) for k in ("old_logp", "ref_logp", "is_weight", "loss_mask"))
+    sampling_logp = inputs.get("sampling_logp")  # the engine's (vLLM's) log-probs, for off_policy_mask_threshold
     # dapo/cispo divide each mini-batch's summed loss by the batch's tokens per mini-batch (TRL's num_items_in_batch).
     # With W processes the gradients are averaged, so each divides by the global count / W.
     num_tokens = distributed.all_reduce_sum(loss_mask.sum())
@@ -181,8 +183,10 @@ def grpo_update(model, optimizer, inputs: dict, cfg: Config, *, max_completion_l
                 epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
                 beta=0.0 if ref_logp is None else cfg.beta, ref_logp=None if ref_logp is None else ref_logp[mb],
                 kl_estimator=cfg.kl_estimator, max_completion_length=max_completion_length,
-                num_items_in_batch=num_tokens / cfg.steps_per_generation / W, gmpo_epsilon=cfg.gmpo_epsilon,
+                num_items_in_batch=num_tokens / cfg.steps_per_generation / W,
                 token_weights=None if is_weight is None else is_weight[mb],
+                sampling_logp=None if sampling_logp is None else sampling_logp[mb], entropies=entropy,
+                **{name: getattr(cfg, name) for name in CONFIG_OPTIONS},  # vespo_k_pos=cfg.vespo_k_pos, ...
             )
             if cfg.loss_type == "bnpo" and W > 1:  # bnpo divides by this rank's tokens: make it the global count / W
                 mb_tokens = loss_mask[mb].sum()

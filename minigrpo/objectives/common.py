@@ -35,3 +35,17 @@ def clip_stats(
         "clip_ratio/high_mean": masked_mean(is_high, mask).item(),
         "clip_ratio/region_mean": masked_mean(torch.maximum(is_low, is_high), mask).item(),
     }
+
+
+@torch.no_grad()
+def token_covariance(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) centred product (log pi - mean log pi) * (A - mean A), the means over the batch's completion tokens.
+
+    Each term of the covariance between log-probability and advantage (Clip-Cov, KL-Cov). logp (B, T) with 0 on
+    padding; adv (B,), (B, 1) or (B, T), a (B,) or (B, 1) advantage counts once per token; mask (B, T).
+    """
+    adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv).expand_as(mask)
+    n = mask.sum().clamp(min=1.0)
+    mean_adv = (adv * mask).sum() / n
+    mean_logp = (logp * mask).sum() / n
+    return (adv - mean_adv) * (logp - mean_logp)

@@ -31,8 +31,8 @@ def gmpo_sequence_ratio(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.
     return torch.exp(sequence_mean(clipped_log_ratio, mask)), clipped_log_ratio
 
 
-def gmpo_loss(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, epsilon: float = 0.4) -> torch.Tensor:
-    """-mean_i A_i r_i over the sequences that have at least one completion token."""
-    ratio, _ = gmpo_sequence_ratio(log_ratio, adv, mask, epsilon)  # (B,)
-    has_tokens = (mask.sum(-1) > 0).to(ratio.dtype)
-    return -(adv * ratio * has_tokens).mean()
+def gmpo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, epsilon: float = 0.4):
+    """(B, 1) per-sequence loss -A_i r_i; its mean over sequences (GRPO's aggregation of a (B, 1) loss, which
+    gives an empty sequence 0) is L. log_ratio (B, T); adv (B, 1); mask (B, T)."""
+    ratio, _ = gmpo_sequence_ratio(log_ratio, adv.squeeze(-1), mask, epsilon)  # (B,)
+    return -adv * ratio.unsqueeze(-1)

@@ -7,6 +7,17 @@
 The loss is -J. Two lines of it are the whole of PPO's trust region: the unclipped and the clipped term,
 and the pessimistic min of the two. Every other variant in this folder reuses `clipped_surrogate` and
 changes either the ratio (GSPO), the aggregation (Dr. GRPO, DAPO) or the surrogate itself (CISPO, SAPO, GMPO).
+
+Two-sided clipping (`delta`, INTELLECT-2, Prime Intellect 2025, arXiv 2505.07291) caps the unclipped ratio at delta:
+
+    l = max( -min(rho, delta) A, -clip(rho, 1-eps_low, 1+eps_high) A )
+
+It is verl's dual-clip PPO (`clip_ratio_c`, Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
+RL", arXiv 1912.09729): for A < 0 dual-clip takes min(-c A, max(-rho A, -clip(rho) A)) = -A min(c, max(rho,
+1-eps_low)), the same number as -A max(min(rho, delta), clip(rho)) with delta = c; for A > 0 dual-clip does nothing, and neither
+does delta (clip(rho) <= 1+eps_high < delta, so the min picks it). The two agree, value and gradient, whenever
+delta > 1 + eps_high (the papers' condition; config.validate refuses a smaller delta): tests/test_parity_round2.py
+checks it against verl's compute_policy_loss_vanilla. verl also clamps log rho to [-20, 20] first.
 """
 
 import torch
