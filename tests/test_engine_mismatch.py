@@ -92,7 +92,7 @@ def test_equal_log_probs_give_weight_one_and_zero_mismatch(mode):
 def test_bad_mode_is_one_line():
     with pytest.raises(ValueError, match="mode must be one of"):
         importance_weights(TRAINER, SAMPLER, MASK, mode="token")
-    with pytest.raises(ValueError, match="gmpo .* no token_weights"):
+    with pytest.raises(ValueError, match="token_weights: gmpo"):
         policy_loss(TRAINER, TRAINER, torch.ones(2), MASK, loss_type="gmpo", token_weights=torch.ones(2, 3))
 
 
