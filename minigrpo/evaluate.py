@@ -11,6 +11,9 @@ Trained on Code", Sec. 2.1): draw n >= j samples per problem, count c correct, t
 
 All j = 1..k come from the same n = k samples (as nanochat does), so one batch of
 sampling gives the whole curve; pass@1 equals the sampled accuracy.
+
+Two models graded on the same problems are compared with a paired test, `mcnemar`, on the problems where
+they disagree (`evaluate(..., per_problem=True)` gives each problem's greedy result).
 """
 
 import math
@@ -45,7 +48,8 @@ def _generate_all(model, tokenizer, prompts, *, num_generations, batch_size, **s
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256,
-             max_completion_length: int | None = None, chat_template_kwargs: dict | None = None) -> dict:
+             max_completion_length: int | None = None, chat_template_kwargs: dict | None = None,
+             per_problem: bool = False) -> dict:
     """Score ``model`` on ``rows`` (dicts with a "prompt" and what ``task.grade`` reads, e.g. "answer").
 
     Always: ``accuracy_greedy``, ``format_greedy`` and ``mean_length_greedy`` (completion
@@ -53,7 +57,8 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
     ``format_sampled``, ``mean_length_sampled`` and ``pass@1`` .. ``pass@k`` from k samples
     per problem. ``batch_size`` is the number of sequences generated at once; each completion gets up to
     ``max_completion_length`` tokens (None: the task's own). Conversational prompts go through the chat template
-    with ``chat_template_kwargs`` (prompts.py).
+    with ``chat_template_kwargs`` (prompts.py). ``per_problem``: also ``correct_greedy``, one bool per row, for a
+    paired comparison of two models on the same rows (``mcnemar``).
     """
     prompts = [row["prompt"] for row in rows]
     results = {"num_problems": len(rows)}
@@ -63,7 +68,10 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
         chat_template_kwargs=chat_template_kwargs, **sampling)
 
     completions, lengths = generate(1, do_sample=False)
-    results["accuracy_greedy"] = sum(task.grade(c, row) for c, row in zip(completions, rows)) / len(rows)
+    correct = [bool(task.grade(c, row)) for c, row in zip(completions, rows)]
+    results["accuracy_greedy"] = sum(correct) / len(rows)
+    if per_problem:
+        results["correct_greedy"] = correct
     results["format_greedy"] = sum(task.is_well_formed(c) for c in completions) / len(rows)
     results["mean_length_greedy"] = sum(lengths) / len(lengths)
 
@@ -78,3 +86,28 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
         for j in range(1, k + 1):
             results[f"pass@{j}"] = sum(pass_at_k(k, c, j) for c in num_correct) / len(rows)
     return results
+
+
+def mcnemar(correct_a: list[bool], correct_b: list[bool]) -> dict:
+    """McNemar's exact test: do models A and B, graded on the *same* problems, differ in accuracy?
+
+    Only the discordant problems carry information: b = right for A only, c = right for B only. If the two are
+    equally good, each discordant problem is a fair coin, so b ~ Binomial(b + c, 1/2), and the two-sided p-value is
+
+        p = min(1, 2 * sum_{i <= min(b, c)} C(b + c, i) / 2^(b + c))
+
+    (McNemar 1947; the exact binomial form for small counts). This is the right yardstick when both accuracies
+    come from the same problems: the problems both get right or both get wrong cancel, which an unpaired
+    standard error of the difference ignores (it treats the two accuracies as independent and overstates the noise
+    when the models agree on most problems). Returns {"n", "accuracy_a", "accuracy_b", "only_a", "only_b",
+    "p_value"}.
+    """
+    if len(correct_a) != len(correct_b) or not correct_a:
+        raise ValueError(f"need two equally long, non-empty lists, got {len(correct_a)} and {len(correct_b)}")
+    only_a = sum(bool(a) and not bool(b) for a, b in zip(correct_a, correct_b))
+    only_b = sum(bool(b) and not bool(a) for a, b in zip(correct_a, correct_b))
+    discordant = only_a + only_b
+    tail = sum(math.comb(discordant, i) for i in range(min(only_a, only_b) + 1)) / 2 ** discordant
+    return {"n": len(correct_a), "accuracy_a": sum(map(bool, correct_a)) / len(correct_a),
+            "accuracy_b": sum(map(bool, correct_b)) / len(correct_b), "only_a": only_a, "only_b": only_b,
+            "p_value": min(1.0, 2 * tail)}

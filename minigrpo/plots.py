@@ -31,6 +31,7 @@ __all__ = [
     "plot_critic", "plot_advantage_variance", "plot_critic_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
     "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory", "plot_sampling_mismatch",
+    "plot_advantage_heatmap",
 ]
 
 
@@ -147,8 +148,8 @@ def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] |
 
 
 def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title: str = "", window: int = 3):
-    """One GRPO run on a 2 x 3 grid: reward, held-out accuracy, zero-std groups, completion lengths, advantage
-    histograms, entropy and clipping. Returns the figure. summary (summary.json) adds the before / after marks."""
+    """One GRPO run on a 2 x 3 grid: reward, held-out accuracy, zero-std groups, completion lengths, the advantages
+    of every step (a heat map), entropy. Returns the figure. summary (summary.json) adds the before / after marks."""
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     run = {"": metrics}  # one run: the figure's title names it, the panels need no legend for it
     plot_curve(run, "reward", ax=axes[0, 0], ylabel="mean reward (= accuracy of the samples)", window=window,
@@ -163,7 +164,7 @@ def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title
     plot_curve(run, "frac_reward_zero_std", ax=axes[0, 2], ylabel="fraction of groups", window=window,
                title="frac_reward_zero_std (groups with no signal)", ylim=(0, 1))
     plot_completion_lengths(run, ax=axes[1, 0], window=window)
-    plot_advantage_histogram(metrics, ax=axes[1, 1])
+    plot_advantage_heatmap(metrics, ax=axes[1, 1])
     plot_curve(run, "entropy", ax=axes[1, 2], ylabel="nats / token", window=window, title="policy entropy")
     for ax in (axes[0, 0], axes[0, 2], axes[1, 2]):
         if ax.get_legend() is not None:
@@ -312,7 +313,7 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
         paths.append(out_dir / filename)
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.8), squeeze=False)
     for ax, (label, metrics) in zip(axes[0], runs.items()):
-        plot_advantage_histogram(metrics, ax=ax, title=f"advantages — {label}")
+        plot_advantage_heatmap(metrics, ax=ax, title=f"advantages per step — {label}")
     fig.tight_layout()
     fig.savefig(out_dir / "advantages.png", dpi=100)
     plt.close(fig)
@@ -480,7 +481,9 @@ def plot_surrogate(per_token_losses: dict[str, Callable], adv: float, *, ax=None
         objective = -fn(ratio, advantage)
         (grad,) = torch.autograd.grad(objective.sum(), ratio)
         x, y = ratio.detach().numpy(), objective.detach().numpy()
-        ax.plot(x, y, color=f"C{i}", lw=1.6, label=label)
+        # Curves often coincide over a stretch: the first is drawn widest and the later ones thinner and dashed
+        # on top of it, so none hides another.
+        ax.plot(x, y, color=f"C{i}", lw=4.5 - 1.4 * min(i, 2), ls=("-", "--", ":")[min(i, 2)], label=label)
         flat = (grad == 0).numpy()
         ax.plot(x[flat], y[flat], ".", color=f"C{i}", ms=5, alpha=0.35)
     ax.axvline(1.0, color="k", lw=0.6, ls=":")
@@ -516,14 +519,16 @@ def plot_kl_samples(estimates: dict[str, torch.Tensor], exact_kl: float, *, axes
 
 
 def plot_token_ratios(token_ratio: torch.Tensor, references: dict[str, float], *, ax=None,
-                      clip_range: tuple[float, float] | None = None, title: str | None = None):
+                      clip_range: tuple[float, float] | None = None, clip_label: str = "clip range",
+                      title: str | None = None):
     """Per-token ratios rho_t of one completion (bars) and single numbers summarising them (horizontal lines),
-    e.g. their arithmetic mean, GSPO's sequence ratio s_i (geometric mean), GMPO's clipped geometric mean."""
+    e.g. their arithmetic mean, GSPO's sequence ratio s_i (geometric mean), GMPO's clipped geometric mean.
+    clip_range: a band to shade, named in the legend by clip_label (whose range it is)."""
     ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
     token_ratio = torch.as_tensor(token_ratio, dtype=torch.float64).detach()
     ax.bar(range(len(token_ratio)), token_ratio.numpy(), color="0.75", label=r"token ratio $\rho_t$")
     if clip_range is not None:
-        ax.axhspan(*clip_range, color="C2", alpha=0.12, label=f"clip range [{clip_range[0]:g}, {clip_range[1]:g}]")
+        ax.axhspan(*clip_range, color="C2", alpha=0.12, label=f"{clip_label} [{clip_range[0]:.3g}, {clip_range[1]:.3g}]")
     for i, (label, value) in enumerate(references.items()):
         ax.axhline(value, color=f"C{i}", lw=2, ls=["-", "--", "-.", ":"][i % 4], label=f"{label} = {value:.3f}")
     ax.axhline(1.0, color="k", lw=0.6)
@@ -575,4 +580,36 @@ def plot_memory(results: list[dict], device: str, *, estimates: dict[str, dict] 
     ax.set_title(title or "memory of one training step")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
+def plot_advantage_heatmap(metrics: list[dict], *, ax=None, bins: int = 25, limit: float | None = None,
+                           title: str | None = None):
+    """The advantages logged at every step as a step x advantage heat map: column = one step, shade = the share of
+    that step's completions whose advantage falls in each row's bin. Where overlaid histograms blend into one
+    another, this shows how the whole distribution moves from step to step.
+
+    Bins are symmetric around 0 with 0 at the centre of the middle bin, so the zero-std groups (advantage exactly 0)
+    form the middle row. The shade is on a square-root scale so that bins holding a few percent still show next
+    to the zero row. limit: the advantage range +-limit (default: the largest |advantage| logged).
+    """
+    from matplotlib.colors import PowerNorm
+
+    ax = ax or plt.subplots(figsize=(6.5, 3.8))[1]
+    logged = [m for m in metrics if m.get("advantages")]
+    if not logged:
+        return _label(ax, "step", "advantage", title or "advantages (none logged)", grid=None)
+    values = [torch.tensor([a for a in m["advantages"] if a is not None], dtype=torch.float64) for m in logged]
+    limit = limit or max(v.abs().max().item() for v in values) or 1.0
+    bins += 1 - bins % 2  # odd: one bin centred on 0
+    width = 2 * limit / bins
+    share = torch.stack([torch.histc(v, bins=bins, min=-limit, max=limit) / max(len(v), 1) for v in values])  # (S, bins)
+    steps = [m["step"] for m in logged]
+    image = ax.imshow(share.T.numpy(), origin="lower", aspect="auto", cmap="viridis", norm=PowerNorm(0.5, 0, 1),
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, -limit, limit), interpolation="nearest")
+    ax.axhline(0, color="w", lw=0.4, alpha=0.5)
+    ax.figure.colorbar(image, ax=ax, label="share of the step's completions", fraction=0.046, pad=0.02)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"advantage (bins of {width:.2f})")
+    ax.set_title(title or "advantages per step (middle row: zero-std groups)")
     return ax

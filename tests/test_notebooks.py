@@ -1,10 +1,11 @@
 """Every notebook runs top to bottom in fast mode (MINIGRPO_FAST=1), in a fresh kernel, without an error.
 
 The kernel imports minigrpo from this checkout (scripts/run_notebooks.py sets PYTHONPATH), which the first cell's
-version printout lets us check. Fast mode trains for a few steps only; the whole file takes about a minute
-and a half on 2 CPU cores. A second test checks that the committed notebooks carry the outputs of a full run.
+version printout (the checkout's commit, not its path) lets us check. Fast mode trains for a few steps only; the
+whole file takes about a minute and a half on 2 CPU cores. A second test checks that the committed notebooks carry the outputs of a full run.
 """
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +20,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from run_notebooks import execute_notebook  # noqa: E402
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _head() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def _text_outputs(cell) -> str:
@@ -46,7 +52,9 @@ def test_notebook_runs_in_fast_mode(path, tmp_path):
     versions = _text_outputs(code_cells[0])
     for name in ("python", "torch", "transformers", "peft", "minigrpo", "device"):
         assert name in versions, f"first cell should print the {name} version:\n{versions}"
-    assert str(ROOT / "minigrpo") in versions, f"the kernel imported another minigrpo:\n{versions}"
+    # The first cell names the commit of the checkout it imported (not its path, which is the machine's).
+    assert f"git checkout, commit {_head()}" in versions, f"the kernel imported another minigrpo:\n{versions}"
+    assert str(ROOT) not in versions, f"the first cell prints this machine's path:\n{versions}"
     assert not any(o["output_type"] == "error" for c in code_cells for o in c.get("outputs", []))
 
 

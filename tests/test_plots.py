@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from minigrpo.advantages import group_advantages  # noqa: E402
 from minigrpo.objectives.grpo import clipped_surrogate  # noqa: E402
 from minigrpo.plots import (  # noqa: E402
-    _series, plot_advantage_vs_num_correct, plot_completion_lengths, plot_curve, plot_histograms, plot_kl_samples,
+    _series, plot_advantage_heatmap, plot_advantage_vs_num_correct, plot_completion_lengths, plot_curve, plot_histograms, plot_kl_samples,
     plot_memory, plot_run_overview, plot_surrogate, plot_token_heatmap, plot_token_ratios,
 )
 
@@ -54,7 +54,8 @@ def test_completion_lengths_draw_three_lines_per_run_skipping_missing_values():
 def test_run_overview_has_six_titled_panels():
     summary = {"accuracy_before": 0.3, "accuracy_after": 0.8, "steps": 3, "num_test_problems": 200}
     fig = plot_run_overview(METRICS, summary, title="toy")
-    assert len(fig.axes) == 6 and all(ax.get_title() for ax in fig.axes)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]  # the heat map adds its colour bar
+    assert len(panels) == 6 and all(ax.get_title() for ax in panels)
 
 
 def test_advantage_vs_num_correct_calls_the_scheme_for_every_k():
@@ -177,3 +178,30 @@ def test_sampling_mismatch_draws_the_difference_and_the_weight_and_plot_runs_add
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     assert "sampling_mismatch.png" in [p.name for p in plot_runs([tmp_path / "vllm"], tmp_path / "a")]
     assert "sampling_mismatch.png" not in [p.name for p in plot_runs([tmp_path / "plain"], tmp_path / "b")]
+
+
+def test_advantage_heatmap_columns_are_steps_and_shares_sum_to_one():
+    # Step 1: advantages [1, -1, 0]; 3 bins over [-1, 1]: each bin holds a third. Step 3: [0.2, -0.2, 0.0] all
+    # fall in the middle bin [-1/3, 1/3].
+    ax = plot_advantage_heatmap(METRICS, bins=3, limit=1.0)
+    (image,) = ax.get_images()
+    share = image.get_array()  # (bins, steps): rows = advantage bins, columns = steps
+    assert share.shape == (3, 3)
+    assert [round(float(x), 6) for x in share[:, 0]] == [round(1 / 3, 6)] * 3
+    assert [float(x) for x in share[:, 2]] == [0.0, 1.0, 0.0]
+    assert all(abs(float(share[:, j].sum()) - 1) < 1e-9 for j in range(3))
+    assert image.get_extent() == [0.5, 3.5, -1.0, 1.0] and "step" in ax.get_xlabel()
+
+
+def test_advantage_heatmap_puts_zero_in_the_middle_bin():
+    ax = plot_advantage_heatmap([{"step": 1, "advantages": [0.0, 0.0, 0.9]}], bins=4, limit=1.0)  # 4 -> 5 bins
+    share = ax.get_images()[0].get_array()
+    assert share.shape == (5, 1) and float(share[2, 0]) == 2 / 3 and float(share[4, 0]) == 1 / 3
+
+
+def test_surrogate_curves_differ_in_width_so_none_hides_another():
+    same = lambda ratio, adv: clipped_surrogate(ratio, adv, 0.2, 0.2)  # noqa: E731
+    ax = plot_surrogate({"a": same, "b": same}, adv=1.0)
+    labelled = [ln for ln in ax.get_lines() if ln.get_label() in ("a", "b")]
+    assert labelled[0].get_linewidth() > labelled[1].get_linewidth()
+    assert labelled[0].get_linestyle() != labelled[1].get_linestyle()
