@@ -1,27 +1,80 @@
 """Per-token log-probabilities of the completion tokens under a model — the log pi(o_t | q, o_<t) of the loss.
 
-A forward pass over prompt + completion; logits are computed only where they predict a completion token
-(the prompt's own predictions are never needed). log pi(o_t) is taken as
-logit[o_t] - logsumexp(logits), which never materialises a (B, T, V) log-softmax tensor beside the logits.
-Logits are divided by the sampling temperature first, so that log pi is the log-prob of the distribution
-the tokens were actually sampled from (TRL does the same).
+The whole idea is `plain_completion_logprobs`: one forward pass over prompt + completion, the logits at the
+positions that predict a completion token (position P + t - 1 predicts token t), divided by the sampling
+temperature (so that log pi is the log-prob of the distribution the tokens were sampled from; TRL does the
+same), then log_softmax and gather. The rest of this file computes the same numbers faster and in less memory:
 
-Padding costs no compute: completions in a group differ a lot in length (a short answer, a long scratchpad),
-and a batch padded to its longest row spends much of its forward and backward on pad tokens. So rows are
-sorted by length and run in a few chunks of similar length, each trimmed to its own longest prompt and
-completion (`length_chunks`). Pad positions are masked either way, so the log-probs are the same as for one
-padded batch (up to float rounding); positions outside the completion mask come back as 0.
+1. The head in blocks of tokens (`head_logprobs`). The logits are a (tokens x vocabulary) tensor: with
+   Qwen2.5's 151,936-token vocabulary, 8 completions x 512 tokens are 2.5 GB per float32 copy, and the plain
+   path keeps several copies for backward. Here the model body returns the final hidden states (tokens x hidden,
+   896 wide at Qwen2.5-0.5B, 170x smaller) and the output head runs over `block_tokens` positions at a time;
+   backward recomputes a block's logits (`ChunkedHeadLogprobs`), so no logits larger than one block ever
+   exist. Only real completion tokens go through the head, never padding.
+2. Padding costs no compute in the body either: completions in a group differ a lot in length, and a batch
+   padded to its longest row spends much of its forward and backward on pad tokens. So rows are sorted by
+   length and run in a few groups of similar length, each trimmed to its own longest prompt and completion
+   (`length_chunks`). Pad positions are masked either way, so the numbers are the same.
+3. Each prompt is computed once, not once per completion: the G completions of a group share its prompt, so
+   the distinct prompts run first, in one forward pass (`_prompt_forward`), and the completions attend to their
+   prompt's keys and values (`_completion_hidden_on_prompts`). Not under gradient checkpointing while training:
+   a checkpointed layer drops the cache (replaying it in backward would write the cache twice), so there each
+   length group runs prompt + completion in one pass (`_completion_hidden_one_pass`).
 
-And each prompt is computed once, not once per completion: the G completions of a group share its prompt, so
-the distinct prompts run first, in one forward pass for all chunks (`_prompt_forward`), and the completions of
-each chunk attend to their prompt's keys and values (`_logprobs`).
+Positions outside the completion mask come back as 0 on every path.
 """
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from .models import AdapterDisabled, is_lora
 
+__all__ = ["plain_completion_logprobs", "completion_logprobs", "head_logprobs", "ChunkedHeadLogprobs",
+           "trimmed_chunks", "length_chunks", "BLOCK_ELEMENTS"]
+
+# A block of the head holds at most this many logits (block_tokens x vocabulary): 2^25 float32 = 128 MiB, i.e.
+# 220 tokens at Qwen2.5's vocabulary, all tokens at once for a small one. (Head alone, forward + backward of
+# 2,048 tokens at Qwen2.5-0.5B's shape, one CPU thread: 110 tokens 33 s CPU, 220 31 s, 512 29 s, peak 0.73 / 0.92 /
+# 1.43 GB; plain logits 35-39 s, 5.9 GB.)
+BLOCK_ELEMENTS = 2**25
+
+# Config fields of architectures that change the logits after the head (Gemma 2's soft-capping, Cohere's and
+# Granite's scales): those models take the plain path.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole idea
+# ---------------------------------------------------------------------------------------------------------
+def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                              temperature: float = 1.0, with_entropy: bool = False):
+    """log pi(o_t | q, o_<t) (B, T) and, if asked, the policy's entropy at each position (B, T; no gradient).
+
+    prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
+    One forward pass over the padded (B, P + T) batch, log_softmax over the whole vocabulary, gather.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    # Positions count real tokens only, so a left-padded prompt sees the same positions as in generate().
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    T = completion_ids.shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V): position P + t - 1 predicts token t
+    logp_all = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T, V)
+    logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    mask = completion_mask.float()
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1).detach() * mask  # H = -sum_v p_v log p_v
+    return logp * mask, entropy
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same numbers, faster
+# ---------------------------------------------------------------------------------------------------------
 def completion_logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -32,28 +85,54 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     trim_padding: bool = True,
+    block_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient).
+    """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient): the numbers of
+    `plain_completion_logprobs` (within float rounding), computed as the module docstring says.
 
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
-    trim_padding=False runs the whole padded batch in one forward pass (the simple way; same numbers).
+    trim_padding=False is the plain path. block_tokens: tokens per block of the head (default: BLOCK_ELEMENTS /
+    vocabulary).
     """
-    if not trim_padding:
-        return _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy)
-    P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    prompt_logits, prompt_cache, which = _prompt_forward(model, prompt_ids, prompt_mask)
-    chunks, inverse = trimmed_chunks(prompt_mask, completion_mask)
-    parts = []
-    for idx, p, t in chunks:
-        logp, entropy = _logprobs(
-            model, prompt_logits, prompt_cache, which[idx], prompt_mask[idx, P - p:], completion_ids[idx, :t],
-            completion_mask[idx, :t], temperature, with_entropy,
-        )
-        mask = completion_mask[idx, :t]
-        parts.append((F.pad(logp * mask, (0, T - t)), None if entropy is None else F.pad(entropy * mask, (0, T - t))))
-    logp = torch.cat([lp for lp, _ in parts])[inverse]  # (B, T)
-    entropy = torch.cat([e for _, e in parts])[inverse] if with_entropy else None
+    decoder, head, adapter_off = _decoder_and_head(model)
+    if not trim_padding or head is None:
+        return plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                         temperature=temperature, with_entropy=with_entropy)
+    with adapter_off:
+        hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, completion_ids,
+                                          completion_mask)  # (B, T, H)
+        on_token = completion_mask.bool()  # only real tokens go through the head
+        if block_tokens is None:
+            block_tokens = max(1, BLOCK_ELEMENTS // head.out_features)
+        token_logp, token_entropy = head_logprobs(hidden[on_token], head.weight, completion_ids[on_token],
+                                                  temperature=temperature, with_entropy=with_entropy,
+                                                  block_tokens=block_tokens)  # (N,), N real tokens
+    logp = token_logp.new_zeros(completion_ids.shape).masked_scatter(on_token, token_logp)  # (B, T)
+    entropy = None
+    if with_entropy:
+        entropy = token_entropy.new_zeros(completion_ids.shape).masked_scatter(on_token, token_entropy)
     return logp, entropy
+
+
+def completion_hidden_states(decoder, config, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """The final hidden state that predicts each completion token, (B, T, H): position P + t - 1 for token t (the
+    prompt's last position for token 0). The decoder is the model without its head (the final norm included).
+    Rows run in length groups, each trimmed to its own longest prompt and completion; pad positions are 0."""
+    P, T = prompt_ids.shape[1], completion_ids.shape[1]
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
+    share_prompts = not (decoder.training and checkpointing)  # see the module docstring, 3.
+    if share_prompts:
+        prompt_hidden, prompt_cache, which = _prompt_forward(decoder, config, prompt_ids, prompt_mask)
+    groups, inverse = trimmed_chunks(prompt_mask, completion_mask)
+    parts = []
+    for idx, p, t in groups:
+        rows = (prompt_ids[idx, P - p:], prompt_mask[idx, P - p:], completion_ids[idx, :t], completion_mask[idx, :t])
+        if share_prompts:
+            hidden = _completion_hidden_on_prompts(decoder, config, prompt_hidden, prompt_cache, which[idx], *rows[1:])
+        else:
+            hidden = _completion_hidden_one_pass(decoder, *rows)
+        parts.append(F.pad(hidden, (0, 0, 0, T - t)))  # (b, T, H)
+    return torch.cat(parts)[inverse]  # (B, T, H), in the caller's row order
 
 
 def trimmed_chunks(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list, torch.Tensor]:
@@ -98,64 +177,169 @@ def length_chunks(prompt_lengths: list[int], completion_lengths: list[int], chun
     return chunks[::-1]
 
 
-def _prompt_forward(model, prompt_ids, prompt_mask):
+def _prompt_forward(decoder, config, prompt_ids, prompt_mask):
     """The distinct prompts of a batch (B, P), run once. Rows that share a prompt (the G completions of a group)
-    share its forward pass: returns the last-position logits (U, V) and the KV cache (U, ...) of the U distinct
-    prompts, and which[b], the distinct prompt of row b."""
+    share its forward pass: returns the last position's hidden state (U, H) and the KV cache (U, ...) of the U
+    distinct prompts, and which[b], the distinct prompt of row b."""
     prompts, which = torch.unique(prompt_ids, dim=0, return_inverse=True)  # (U, P), (B,)
     first = torch.zeros(len(prompts), dtype=torch.long, device=prompt_ids.device).scatter_(
         0, which.flip(0), torch.arange(len(which) - 1, -1, -1, device=prompt_ids.device))  # a row of each prompt
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=config)
     position_ids = (prompt_mask[first].cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
-    logits = model(input_ids=prompts, attention_mask=prompt_mask[first], position_ids=position_ids,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
-    return logits, cache, which
+    hidden = decoder(input_ids=prompts, attention_mask=prompt_mask[first], position_ids=position_ids,
+                     past_key_values=cache, use_cache=True).last_hidden_state[:, -1]  # (U, H)
+    return hidden, cache, which
 
 
-def _logprobs(model, prompt_logits, prompt_cache, which, prompt_mask, completion_ids, completion_mask, temperature,
-              with_entropy):
-    """One chunk: completions (B, T) on top of their prompts' keys and values. Row b picks prompt which[b] from
-    the cache, keeping its last p columns (prompt_mask is (B, p): the chunk's prompts, left padding trimmed).
-    Indexing is differentiable, so the gradient of every completion flows into its prompt's activations."""
+def _completion_hidden_on_prompts(decoder, config, prompt_hidden, prompt_cache, which, prompt_mask, completion_ids,
+                                  completion_mask):
+    """One length group: completions (b, t) on top of their prompts' keys and values; returns (b, t, H). Row b
+    picks prompt which[b] from the cache, keeping its last p columns (prompt_mask is (b, p): the group's prompts,
+    left padding trimmed). Indexing is differentiable, so every completion's gradient flows into its prompt."""
     p = prompt_mask.shape[1]
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=config)
     for layer_idx, prompt_layer in enumerate(prompt_cache.layers):
         cache.update(prompt_layer.keys[which, :, -p:], prompt_layer.values[which, :, -p:], layer_idx)
-    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (B, p + T)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (b, p + t)
     position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1], device=prompt_mask.device)
-    completion_logits = model(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
-                              past_key_values=cache, use_cache=True).logits  # (B, T, V)
+    completion_hidden = decoder(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                past_key_values=cache, use_cache=True).last_hidden_state  # (b, t, H)
     # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.
-    # Taken apart and joined as log-probs (B, T), not as logits: with a 152k vocabulary, joining the logits would
-    # copy a (B, T, V) tensor forward and backward.
-    first = _token_logprobs(prompt_logits[which].unsqueeze(1), completion_ids[:, :1], temperature, with_entropy)
-    rest = _token_logprobs(completion_logits[:, :-1], completion_ids[:, 1:], temperature, with_entropy)
-    logp = torch.cat([first[0], rest[0]], dim=1)  # (B, T)
-    return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
+    return torch.cat([prompt_hidden[which].unsqueeze(1), completion_hidden[:, :-1]], dim=1)  # (b, t, H)
 
 
-def _logprobs_padded(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, with_entropy):
-    """One forward pass over a (B, P + T) batch."""
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
+def _completion_hidden_one_pass(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """One length group, prompt + completion in one forward pass (b, p + t); returns (b, t, H)."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (b, p + t)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    # Positions count real tokens only, so a left-padded prompt sees the same positions as in generate().
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    T = completion_ids.shape[1]
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=T + 1
-    ).logits  # (B, T + 1, V)
-    return _token_logprobs(logits[:, :-1], completion_ids, temperature, with_entropy)  # position t predicts token t
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                     use_cache=False).last_hidden_state  # (b, p + t, H)
+    p, t = prompt_ids.shape[1], completion_ids.shape[1]
+    return hidden[:, p - 1:p + t - 1]  # (b, t, H): position p + s - 1 predicts completion token s
 
 
-def _token_logprobs(logits, completion_ids, temperature, with_entropy):
-    """log pi(o_t) = logit[o_t] - logsumexp(logits), and optionally the entropy, from logits (B, T, V)."""
-    logits = logits.float()
-    if temperature != 1.0:  # dividing by 1 would still copy the (B, T, V) logits
-        logits = logits / temperature
-    log_z = torch.logsumexp(logits, dim=-1)  # (B, T)
-    logp = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - log_z  # (B, T)
-    entropy = None
-    if with_entropy:
+def _decoder_and_head(model):
+    """(decoder, head, adapter_off) of a causal LM: the model without its output head (ids -> final hidden
+    states), the head as a plain nn.Linear with no bias (None if it is anything else, or if the architecture
+    changes the logits after it: such models take the plain path), and the context to run them in (the adapter
+    switched off for a LoRA run's reference, models.AdapterDisabled; nothing otherwise).
+
+    With LoRA (peft) the adapter's layers sit inside the base model's modules, so its decoder runs them; a tied
+    head's weight is the embedding matrix itself, so its gradient reaches the embedding as usual."""
+    adapter_off = contextlib.nullcontext()
+    if isinstance(model, AdapterDisabled):
+        model, adapter_off = model.peft_model, model.peft_model.disable_adapter()
+    if is_lora(model):
+        model = model.get_base_model()
+    head = model.get_output_embeddings()
+    plain = type(head) is torch.nn.Linear and head.bias is None  # peft's lora.Linear, bnb's Linear4bit: not plain
+    if not plain or any(getattr(model.config, name, None) for name in _LOGIT_TRANSFORMS):
+        head = None
+    return model.get_decoder(), head, adapter_off
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The head in blocks of tokens
+# ---------------------------------------------------------------------------------------------------------
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0,
+                  with_entropy: bool = False, block_tokens: int = 128) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(token) (N,) and, if asked, the entropy (N,; no gradient) from final hidden states (N, H) and the
+    output head's weight (V, H): logits = hidden @ weight.T / temperature, computed `block_tokens` rows at a time.
+
+    Differentiable in hidden and weight (ChunkedHeadLogprobs); without a gradient to compute, the blocks run once.
+    Matrix products run in autocast's dtype when autocast is on (bfloat16 on a GPU), in the weight's otherwise;
+    log-softmax in float32, as the plain path does.
+    """
+    compute_dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(
+        hidden.device.type) else weight.dtype
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if not needs_grad:
         with torch.no_grad():
-            entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # H = logZ - E[logit]
-    return logp, entropy
+            logp, entropy, _ = _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens,
+                                             compute_dtype, with_expected_weight=False)
+        return logp, entropy
+    logp, entropy = ChunkedHeadLogprobs.apply(hidden, weight, token_ids, temperature, with_entropy, block_tokens,
+                                              compute_dtype)
+    return logp, entropy if with_entropy else None
+
+
+def _block_logits(hidden_block, weight, temperature):
+    """(n, V) float32 logits / temperature of one block; hidden_block and weight already in the compute dtype."""
+    logits = (hidden_block @ weight.T).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype,
+                  with_expected_weight):
+    """Per block: logits (n, V), log Z = logsumexp, log pi(o) = logit[o] - log Z; with softmax p = exp(logits - log Z)
+    the entropy H = log Z - sum_v p_v logit_v and the expected head row E_p[w] = p @ W (n, H), which backward needs
+    for the hidden states' gradient. Returns (logp, entropy or None, expected_weight or None), all (N, ...)."""
+    N = hidden.shape[0]
+    weight_c = weight.to(compute_dtype)  # cast once, not per block (a no-op when the dtypes agree)
+    logp = hidden.new_empty(N, dtype=torch.float32)
+    entropy = hidden.new_empty(N, dtype=torch.float32) if with_entropy else None
+    expected_weight = hidden.new_empty(N, weight.shape[1], dtype=torch.float32) if with_expected_weight else None
+    for start in range(0, N, block_tokens):
+        block = slice(start, start + block_tokens)
+        logits = _block_logits(hidden[block].to(compute_dtype), weight_c, temperature)  # (n, V)
+        log_z = logits.logsumexp(dim=-1)  # (n,)
+        logp[block] = logits.gather(-1, token_ids[block].unsqueeze(-1)).squeeze(-1) - log_z
+        if with_entropy or with_expected_weight:
+            probs = (logits - log_z.unsqueeze(-1)).exp_()  # (n, V), the softmax
+            if with_entropy:
+                entropy[block] = log_z - (probs * logits).sum(-1)
+            if with_expected_weight:
+                expected_weight[block] = (probs.to(compute_dtype) @ weight_c).float()  # (n, H)
+    return logp, entropy, expected_weight
+
+
+class ChunkedHeadLogprobs(torch.autograd.Function):
+    """log pi(o) = logit_o - logsumexp(logits), logits = h W^T / tau, block by block, forward and backward.
+
+    The gradient of log-softmax is d log pi(o) / d logit_v = (1[v = o] - p_v), so with g = dL/d log pi(o):
+
+        dL/dh = (g / tau) (W_o - sum_v p_v W_v) = (g / tau) (W_o - E_p[W])       (H,) per token
+        dL/dW = sum over tokens of (g / tau) (onehot(o) - p) h^T                  (V, H)
+
+    E_p[W] (N, H) is computed in forward, where p already is, so the hidden states' gradient needs no logits in
+    backward. The weight's gradient needs p with g, so backward recomputes each block's logits: one more
+    (n x H x V) product per block, the price of never keeping a (tokens x vocabulary) tensor. With a frozen head
+    (LoRA, QLoRA) that product is skipped too.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype):
+        logp, entropy, expected_weight = _head_forward(hidden, weight, token_ids, temperature, with_entropy,
+                                                       block_tokens, compute_dtype,
+                                                       with_expected_weight=ctx.needs_input_grad[0])
+        ctx.save_for_backward(hidden, weight, token_ids, expected_weight)
+        ctx.temperature, ctx.block_tokens, ctx.compute_dtype = temperature, block_tokens, compute_dtype
+        if entropy is None:
+            entropy = logp.new_zeros(0)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, token_ids, expected_weight = ctx.saved_tensors
+        scale = grad_logp.float() / ctx.temperature  # (N,), g / tau
+        grad_hidden = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_hidden = (scale.unsqueeze(-1) * (weight[token_ids].float() - expected_weight)).to(hidden.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros_like(weight)
+            weight_c = weight.to(ctx.compute_dtype)
+            for start in range(0, hidden.shape[0], ctx.block_tokens):
+                block = slice(start, start + ctx.block_tokens)
+                hidden_block = hidden[block].to(ctx.compute_dtype)
+                logits = _block_logits(hidden_block, weight_c, ctx.temperature)  # (n, V), recomputed
+                probs = logits.softmax(dim=-1)
+                grad_logits = probs.mul_(-scale[block].unsqueeze(-1))  # -(g / tau) p
+                grad_logits[torch.arange(len(grad_logits)), token_ids[block]] += scale[block]  # + (g / tau) onehot(o)
+                grad_logits = grad_logits.to(ctx.compute_dtype)
+                if weight.dtype == ctx.compute_dtype:  # summed in place: no (V, H) temporary per block
+                    grad_weight.addmm_(grad_logits.T, hidden_block)
+                else:  # autocast: each block's product in its dtype, summed in the weight's
+                    grad_weight += (grad_logits.T @ hidden_block).to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None

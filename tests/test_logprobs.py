@@ -1,10 +1,194 @@
-"""Completion log-probs: trimming padding (length-sorted chunks) and sharing each prompt's forward pass among the
-completions of its group change the compute, not the numbers."""
+"""Completion log-probs: the plain path (one forward, log_softmax, gather) is the definition; the fast path (the head in
+blocks of tokens with recomputation in backward, padding trimmed, each prompt's forward shared by its group, and
+under gradient checkpointing one pass per length group) changes the compute, not the numbers or the gradients."""
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from minigrpo.logprobs import completion_logprobs, length_chunks
+from minigrpo.config import Config
+from minigrpo.logprobs import completion_logprobs, head_logprobs, length_chunks, plain_completion_logprobs
+from minigrpo.models import load_model, load_policy, reference_policy
+from minigrpo.tasks import get_task
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The head alone: log pi(o) = logit_o - logsumexp(logits), logits = h W^T / tau, block by block
+# ---------------------------------------------------------------------------------------------------------
+def test_head_logprobs_hand_case():
+    # Two tokens, vocabulary 3, hidden 1, W = [[0], [1], [2]], temperature 1: h = 1 gives logits [0, 1, 2],
+    # log Z = log(1 + e + e^2) = 2.4076; log pi(2) = 2 - 2.4076 = -0.4076; h = 0 gives [0, 0, 0], log pi = -log 3.
+    weight = torch.tensor([[0.0], [1.0], [2.0]])
+    logp, entropy = head_logprobs(torch.tensor([[1.0], [0.0]]), weight, torch.tensor([2, 0]), with_entropy=True,
+                                  block_tokens=1)
+    torch.testing.assert_close(logp, torch.tensor([-0.4076, -1.0986]), atol=1e-4, rtol=0)
+    # Uniform over 3 tokens: entropy log 3 = 1.0986.
+    assert entropy[1].item() == pytest.approx(1.0986, abs=1e-4)
+
+
+@pytest.mark.parametrize("frozen_head", [False, True], ids=["trained-head", "frozen-head"])
+@pytest.mark.parametrize("block_tokens", [1, 5, 64])
+def test_head_logprobs_equal_log_softmax_gather_with_gradients(block_tokens, frozen_head):
+    g = torch.Generator().manual_seed(0)
+    N, H, V, tau = 23, 8, 50, 0.7
+    hidden = torch.randn(N, H, generator=g, requires_grad=True)
+    weight = torch.randn(V, H, generator=g).requires_grad_(not frozen_head)
+    token_ids = torch.randint(0, V, (N,), generator=g)
+    grad_logp = torch.randn(N, generator=g)
+
+    logp_all = (hidden @ weight.T / tau).log_softmax(-1)  # (N, V), the plain way
+    expected = logp_all.gather(-1, token_ids[:, None])[:, 0]
+    expected_entropy = -(logp_all.exp() * logp_all).sum(-1)
+    expected_grads = torch.autograd.grad((expected * grad_logp).sum(), [hidden] + [weight] * (not frozen_head))
+
+    logp, entropy = head_logprobs(hidden, weight, token_ids, temperature=tau, with_entropy=True,
+                                  block_tokens=block_tokens)
+    grads = torch.autograd.grad((logp * grad_logp).sum(), [hidden] + [weight] * (not frozen_head))
+    torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, expected_entropy.detach(), rtol=1e-5, atol=1e-5)
+    assert not entropy.requires_grad
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-5)
+
+
+class LargestVocabularyTensor(TorchDispatchMode):
+    """Records the largest tensor an op returns that has a vocabulary-sized dimension, the head's weight and its
+    gradient (V, H) aside: how many positions of logits exist at once."""
+
+    def __init__(self, vocab_size, hidden_size):
+        super().__init__()
+        self.vocab_size, self.hidden_size, self.positions = vocab_size, hidden_size, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and self.vocab_size in t.shape and sorted(t.shape) != sorted(
+                    (self.vocab_size, self.hidden_size)):
+                self.positions = max(self.positions, t.numel() // self.vocab_size)
+        return out
+
+
+def test_no_logits_larger_than_one_block_exist_forward_or_backward():
+    torch.manual_seed(0)
+    V = 997  # a vocabulary size no other dimension has
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+    B, P, T = 4, 3, 12
+    ids = (torch.randint(3, V, (B, P)), torch.ones(B, P, dtype=torch.long), torch.randint(3, V, (B, T)),
+           torch.ones(B, T))
+    sizes = {}
+    for name, fn in [("plain", plain_completion_logprobs), ("blocks", completion_logprobs)]:
+        with LargestVocabularyTensor(V, 16) as largest:
+            logp, _ = fn(model, *ids, **({"block_tokens": 5} if name == "blocks" else {}))
+            logp.sum().backward()
+        sizes[name] = largest.positions
+    assert sizes["plain"] >= B * T  # the plain path holds every position's logits
+    assert sizes["blocks"] <= 5  # the fast path: one block of 5 positions at most
+
+
+# ---------------------------------------------------------------------------------------------------------
+# completion_logprobs against an independent plain forward, with gradients, on real model classes
+# ---------------------------------------------------------------------------------------------------------
+def sampled_batch(vocab_size, G=3, prompts=2, P=6, T=9, seed=0):
+    """Groups of G rows sharing a left-padded prompt, right-padded completions of mixed lengths, rows shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    B = G * prompts
+    prompt_len = torch.randint(2, P + 1, (prompts,), generator=g).repeat_interleave(G)
+    completion_len = torch.randint(1, T + 1, (B,), generator=g)
+    prompt_mask = (torch.arange(P) >= P - prompt_len.unsqueeze(1)).long()
+    completion_mask = (torch.arange(T) < completion_len.unsqueeze(1)).float()
+    prompt_ids = torch.randint(3, vocab_size, (prompts, P), generator=g).repeat_interleave(G, dim=0) * prompt_mask
+    completion_ids = torch.randint(3, vocab_size, (B, T), generator=g) * completion_mask.long()
+    shuffle = torch.randperm(B, generator=g)
+    return prompt_ids[shuffle], prompt_mask[shuffle], completion_ids[shuffle], completion_mask[shuffle]
+
+
+def independent_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):
+    """Each row alone, no padding at all: model(prompt + completion).logits, log_softmax, gather. (B, T)."""
+    rows = []
+    for i in range(len(prompt_ids)):
+        prompt = prompt_ids[i][prompt_mask[i].bool()]
+        completion = completion_ids[i][completion_mask[i].bool()]
+        logits = model(input_ids=torch.cat([prompt, completion])[None]).logits[0]  # (p + t, V)
+        logp = (logits[len(prompt) - 1:-1] / temperature).log_softmax(-1).gather(1, completion[:, None])[:, 0]
+        rows.append(torch.nn.functional.pad(logp, (0, completion_ids.shape[1] - len(completion))))
+    return torch.stack(rows)  # (B, T)
+
+
+def perturb_adapter(model):
+    """LoRA starts with B = 0 (the adapter changes nothing); give B values so that the adapter matters."""
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+
+
+def make_model(which, chat_model_dir):
+    if which == "tiny":  # the shipped think_addition Llama (tied embeddings)
+        return load_model(get_task("think_addition").model_dir)
+    if which == "untied":
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False))
+    adapter = {"standin": {}, "standin-lora": dict(use_peft=True), "standin-qlora": dict(use_peft=True,
+                                                                                         load_in_4bit=True)}[which]
+    if adapter.get("load_in_4bit"):
+        pytest.importorskip("bitsandbytes")
+    cfg = Config(model_name_or_path=str(chat_model_dir), lora_r=4, lora_alpha=8, lora_dropout=0.0, **adapter)
+    model, _ = load_policy(cfg, chat_model_dir, torch.device("cpu"))  # the Qwen2 stand-in (tied embeddings)
+    if adapter:
+        perturb_adapter(model)
+    return model
+
+
+def relative_difference(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def trainable_grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+
+
+MODELS = ["tiny", "untied", "standin", "standin-lora", "standin-qlora"]
+
+
+@pytest.mark.parametrize("which", MODELS)
+def test_completion_logprobs_equal_an_independent_plain_forward_with_gradients(which, chat_model_dir):
+    model = make_model(which, chat_model_dir)
+    ids = sampled_batch(model.config.vocab_size)
+    mask, tau = ids[3], 0.7
+    grad_logp = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask  # any dL/dlogp
+
+    model.zero_grad(set_to_none=True)
+    expected = independent_logprobs(model, *ids, tau)
+    (expected * grad_logp).sum().backward()
+    expected_grads = trainable_grads(model)
+
+    model.zero_grad(set_to_none=True)
+    logp, _ = completion_logprobs(model, *ids, temperature=tau, block_tokens=4)  # several blocks
+    (logp * grad_logp).sum().backward()
+    torch.testing.assert_close(logp.detach(), expected.detach(), rtol=0, atol=2e-5)
+    # Float rounding: gradients up to ~40 differ by ~1e-6 of their norm (the padded plain path by ~3e-7).
+    assert relative_difference(trainable_grads(model), expected_grads) < 1e-5
+
+
+@pytest.mark.parametrize("which", ["standin", "standin-lora"])
+def test_entropy_and_the_lora_reference_equal_the_plain_path(which, chat_model_dir):
+    model = make_model(which, chat_model_dir)
+    ids = sampled_batch(model.config.vocab_size, seed=3)
+    with torch.no_grad():
+        plain = plain_completion_logprobs(model, *ids, temperature=0.9, with_entropy=True)
+        fast = completion_logprobs(model, *ids, temperature=0.9, with_entropy=True, block_tokens=3)
+        torch.testing.assert_close(fast, plain, rtol=0, atol=2e-5)
+        # The reference policy: LoRA's adapter switched off for the call (models.AdapterDisabled), else a copy.
+        reference = reference_policy(model)
+        ref_fast, _ = completion_logprobs(reference, *ids)
+        ref_plain, _ = plain_completion_logprobs(reference, *ids)
+        torch.testing.assert_close(ref_fast, ref_plain, rtol=0, atol=2e-5)
+        if which == "standin-lora":
+            assert not torch.allclose(ref_fast, fast[0], atol=1e-3)  # the adapter was really off
 
 
 def test_length_chunks_hand_case():
