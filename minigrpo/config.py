@@ -36,6 +36,9 @@ class Config:
     max_steps: int = 100
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
     bf16: bool = False  # autocast to bfloat16 (GPU); weights stay in `dtype`
+    # recompute each block's activations in backward instead of keeping them (models.enable_gradient_checkpointing):
+    # activation memory of one block instead of all, for about one more forward pass; TRL's default is True
+    gradient_checkpointing: bool = False
     # --- model: LoRA and 4-bit quantization (TRL's ModelConfig names) ---
     dtype: str = "float32"  # weights' dtype at load; with load_in_4bit, the compute dtype of the 4-bit layers
     use_peft: bool = False  # train a LoRA adapter instead of all weights (peft)

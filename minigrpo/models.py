@@ -170,6 +170,27 @@ def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, ta
     return get_peft_model(model, lora)
 
 
+def enable_gradient_checkpointing(model):
+    """Gradient (activation) checkpointing, as TRL turns it on: each decoder block keeps only its input in forward
+    and recomputes its activations in backward (torch.utils.checkpoint, use_reentrant=False). Activation memory
+    falls from all blocks' to one block's, for about one more forward pass of compute. Active in train() mode only;
+    generation and no-grad log-probs (eval() mode) are unchanged.
+
+    With LoRA/QLoRA (peft) the frozen embedding's output gets requires_grad (peft's enable_input_require_grads, as
+    TRL does), so that a checkpointed block always has an input to send gradients to."""
+    base = model.get_base_model() if is_lora(model) else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"gradient_checkpointing: {type(base).__name__} does not support it; set it false")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # newer transformers; the old name warns that it is deprecated
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if is_lora(model):
+        model.enable_input_require_grads()
+    return model
+
+
 def adapter_base(name_or_path: str | os.PathLike) -> str | None:
     """The base model of a LoRA adapter directory (from its adapter_config.json); None for anything else."""
     path = Path(str(name_or_path)).expanduser()
@@ -201,6 +222,8 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
     elif cfg.use_peft:
         model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                          target_modules=cfg.lora_target_modules)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     return model, load_tokenizer(name_or_path)
 
 

@@ -237,3 +237,47 @@ def test_trimmed_chunks_and_shared_prompts_equal_one_padded_batch():
     torch.testing.assert_close(lp_trim, lp_full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent_trim, ent_full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g_trim, g_full, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gradient checkpointing (Config.gradient_checkpointing): the same gradients, activations recomputed
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("adapter", [{}, dict(use_peft=True), dict(use_peft=True, load_in_4bit=True)],
+                         ids=["full", "lora", "qlora"])
+def test_gradient_checkpointing_gives_the_same_gradients(adapter, chat_model_dir):
+    if adapter.get("load_in_4bit"):
+        pytest.importorskip("bitsandbytes")
+    ids = None
+    results = {}
+    for checkpointing in (False, True):
+        # No dropout: with checkpointing the prompts are not shared, so dropout would draw different masks.
+        cfg = Config(model_name_or_path=str(chat_model_dir), lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                     gradient_checkpointing=checkpointing, **adapter)
+        torch.manual_seed(0)  # the same LoRA initialisation both times
+        model, _ = load_policy(cfg, chat_model_dir, torch.device("cpu"))
+        if adapter:
+            perturb_adapter(model)
+        ids = ids or sampled_batch(model.config.vocab_size, seed=4)
+        mlp_calls = []
+        mlp = [m for name, m in model.named_modules() if name.endswith("layers.0.mlp")][0]
+        mlp_forward = mlp.forward  # counted by wrapping: module hooks do not fire in checkpoint's recomputation
+        mlp.forward = lambda *args, **kwargs: mlp_calls.append(1) or mlp_forward(*args, **kwargs)
+        model.train()
+        logp, _ = completion_logprobs(model, *ids, temperature=0.8)
+        forward_calls = len(mlp_calls)
+        (logp * torch.linspace(-1, 1, logp.shape[1])).sum().backward()
+        results[checkpointing] = (logp.detach(), trainable_grads(model), forward_calls, len(mlp_calls) - forward_calls)
+    (logp, grads, _, recomputed), (logp_gc, grads_gc, _, recomputed_gc) = results[False], results[True]
+    assert recomputed == 0 and recomputed_gc > 0  # backward ran the block again only with checkpointing
+    torch.testing.assert_close(logp_gc, logp, rtol=0, atol=2e-5)
+    assert relative_difference(grads_gc, grads) < 1e-5
+
+
+def test_gradient_checkpointing_refuses_a_model_without_it(monkeypatch, random_model_dir):
+    from minigrpo.config import ConfigError
+    from minigrpo.models import enable_gradient_checkpointing
+
+    model = load_model(random_model_dir)
+    monkeypatch.setattr(type(model), "supports_gradient_checkpointing", False)
+    with pytest.raises(ConfigError, match="gradient_checkpointing: LlamaForCausalLM does not support it"):
+        enable_gradient_checkpointing(model)
