@@ -30,7 +30,8 @@ import torch
 
 __all__ = ["group_advantages", "rloo_advantages", "process_advantages", "kl_penalized_rewards",
            "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "opo_advantages",
-           "grpo_passk_advantages", "pass_at_k_advantages", "gpg_advantages", "normalize_then_sum_advantages"]
+           "grpo_passk_advantages", "pass_at_k_advantages", "gpg_advantages", "normalize_then_sum_advantages",
+           "gfpo_keep"]
 
 
 def _nan_std(x: torch.Tensor, dim: int, *, unbiased: bool) -> torch.Tensor:
@@ -400,3 +401,36 @@ def normalize_then_sum_advantages(rewards_per_func: torch.Tensor, group_size: in
     adv = (summed - summed.nanmean()) / (_nan_std(summed.view(1, -1), 1, unbiased=True) + eps)
     no_signal = constant.all(-1).repeat_interleave(group_size, dim=1).view(-1)
     return adv.nan_to_num(0.0).masked_fill(no_signal | unscorable, 0.0)
+
+
+def gfpo_keep(rewards: torch.Tensor, lengths: torch.Tensor, group_size: int, k: int, metric: str = "length"
+              ) -> torch.Tensor:
+    """GFPO's filter (Shrivastava et al. 2025, "Sample More to Think Less", sec. 3): which k of each group of G
+    sampled completions to train on.
+
+        metric="length"            the k shortest:                       score_i = -|o_i|
+        metric="token_efficiency"  the k with the most reward per token: score_i = r_i / |o_i|
+
+    The advantages are then computed on the k kept completions alone, with their own mean and std (GRPO on a
+    group of k); the G - k others are dropped (advantage 0). Sampling more and keeping the short ones is how GFPO
+    curbs length growth without a length penalty in the reward. Ties go to the earlier completion; the kept ones
+    stay in their sampled order. A NaN reward (unscorable) ranks last under token_efficiency.
+
+    Args:
+        rewards: (N,) grouped consecutively by group_size. lengths: (N,) completion tokens.
+    Returns:
+        keep: (N,) bool, exactly k True per group.
+    """
+    if metric not in ("length", "token_efficiency"):
+        raise ValueError(f"metric must be 'length' or 'token_efficiency', got {metric!r}")
+    if not 1 <= k <= group_size:
+        raise ValueError(f"k must be in 1..{group_size}, got {k}")
+    lengths = lengths.to(torch.float64).view(-1, group_size)  # (num_prompts, G)
+    if metric == "length":
+        score = -lengths
+    else:
+        score = (rewards.to(torch.float64).view(-1, group_size) / lengths.clamp(min=1)).nan_to_num(-math.inf)
+    order = torch.sort(score, dim=1, descending=True, stable=True).indices  # best first, ties: earlier first
+    keep = torch.zeros_like(score, dtype=torch.bool).scatter(1, order[:, :k], True)
+    return keep.view(-1)
+

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import distributed
-from .advantages import (gpg_advantages, group_advantages, grpo_passk_advantages, kl_penalized_rewards,
+from .advantages import (gfpo_keep, gpg_advantages, group_advantages, grpo_passk_advantages, kl_penalized_rewards,
                          normalize_then_sum_advantages, opo_advantages, pass_at_k_advantages, reinforce_pp_advantages,
                          reinforce_pp_baseline_advantages, rloo_advantages)
 from .logprobs import completion_logprobs
@@ -66,14 +66,14 @@ class PromptSampler:
         self.order = list(state["order"])
 
 
-def compute_advantages(rewards: torch.Tensor, cfg, lengths: torch.Tensor | None = None,
+def compute_advantages(rewards: torch.Tensor, cfg, group_size: int, lengths: torch.Tensor | None = None,
                        rewards_per_func: torch.Tensor | None = None,
                        reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) rewards, grouped by cfg.num_generations -> (adv (N,), zero_std (N,)), as cfg asks: GRPO's group
+    """(N,) rewards, grouped by group_size -> (adv (N,), zero_std (N,)), as cfg asks: GRPO's group
     z-score (scale_rewards, std_type), RLOO's leave-one-out baseline, or cfg.advantage_estimator's (verl's names);
     GDPO (multi_objective_aggregation="normalize_then_sum") from each reward function's rewards (N, F).
     lengths (N,): completion lengths, for the estimators that weigh by them. advantages.py has the formulas."""
-    G, estimator = cfg.num_generations, cfg.advantage_estimator
+    G, estimator = group_size, cfg.advantage_estimator
     adv, zero_std = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
     token_mask = None if lengths is None else (torch.arange(int(lengths.max())) < lengths[:, None]).float()  # (N, T)
     if cfg.multi_objective_aggregation == "normalize_then_sum":
@@ -95,15 +95,16 @@ def compute_advantages(rewards: torch.Tensor, cfg, lengths: torch.Tensor | None 
     return adv, zero_std
 
 
-def sample_round(cfg, engine, rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,
+def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,
                  policy=None, ref_model=None) -> dict:
-    """Sample G completions for each prompt in rows, score them, and compute their advantages: a batch (above).
+    """Sample G completions for each prompt row, score them, and compute their advantages: a batch (above).
 
-    policy, ref_model: only for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward."""
+    policy, ref_model: only for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward.
+    With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned."""
     G = cfg.num_generations
-    roll = engine.generate([r["prompt"] for r in rows], num_generations=G, max_completion_length=max_len,
+    roll = engine.generate([r["prompt"] for r in prompt_rows], num_generations=G, max_completion_length=max_len,
                            temperature=cfg.temperature, top_p=cfg.top_p)
-    rows = [r for r in rows for _ in range(G)]  # one row per completion, grouped like the rollout
+    rows = [r for r in prompt_rows for _ in range(G)]  # one dataset row per completion, grouped like the rollout
 
     # Score: every reward function gets TRL's arguments — prompts, completions, and every dataset column.
     prompts = [r["prompt"] for r in rows]  # strings, or lists of chat messages
@@ -118,21 +119,27 @@ def sample_round(cfg, engine, rows: list[dict], reward_funcs: list, reward_weigh
             logp, _ = completion_logprobs(policy, *ids, temperature=cfg.temperature)
             ref_logp, _ = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)
         rewards = kl_penalized_rewards(rewards, logp.cpu(), ref_logp.cpu(), roll.completion_mask.cpu(), cfg.beta)
-
-    # Advantages need the group's rewards (always on this rank) or, for scale_rewards="batch", the whole batch's:
-    # with several processes, gather every rank's rewards, then keep this rank's share.
-    lengths = roll.completion_mask.sum(-1).cpu()  # (N,), for the estimators that weigh by length
-    batch_rewards, batch_lengths, batch_per_func = (torch.cat(distributed.gather_objects(x))  # (N * W, ...)
-                                                    for x in (rewards, lengths, rewards_per_func))
-    adv, zero_std = compute_advantages(batch_rewards, cfg, batch_lengths, batch_per_func, reward_weights)
-    share = slice(distributed.rank() * len(rewards), (distributed.rank() + 1) * len(rewards))
-    return {
+    batch = {
         "prompt_ids": roll.prompt_ids, "prompt_mask": roll.prompt_mask,
         "completion_ids": roll.completion_ids, "completion_mask": roll.completion_mask,
         "is_truncated": roll.is_truncated, "sampling_logp": roll.sampling_logp,
-        "rewards": rewards, "rewards_per_func": rewards_per_func, "adv": adv[share], "zero_std": zero_std[share],
-        "completions": roll.completions, "rows": rows,
+        "rewards": rewards, "rewards_per_func": rewards_per_func, "completions": roll.completions, "rows": rows,
     }
+    if cfg.num_remains_in_group:  # GFPO: train on the k shortest (or most reward per token) of each group
+        lengths = roll.completion_mask.sum(-1).cpu()
+        batch = _select(batch, gfpo_keep(rewards, lengths, G, cfg.num_remains_in_group, cfg.gfpo_filter))
+        G = cfg.num_remains_in_group
+
+    # Advantages need the group's rewards (always on this rank) or, for scale_rewards="batch", the whole batch's:
+    # with several processes, gather every rank's rewards, then keep this rank's share.
+    lengths = batch["completion_mask"].sum(-1).cpu()  # (N,), for the estimators that weigh by length
+    batch_rewards, batch_lengths, batch_per_func = (torch.cat(distributed.gather_objects(x))  # (N * W, ...)
+                                                    for x in (batch["rewards"], lengths, batch["rewards_per_func"]))
+    adv, zero_std = compute_advantages(batch_rewards, cfg, G, batch_lengths, batch_per_func, reward_weights)
+    N = len(batch["rows"])
+    share = slice(distributed.rank() * N, (distributed.rank() + 1) * N)
+    batch["adv"], batch["zero_std"] = adv[share], zero_std[share]
+    return batch
 
 
 def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, reward_weights: list[float], max_len: int,

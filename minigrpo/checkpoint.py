@@ -96,13 +96,14 @@ def process_state(sampler, reward_funcs) -> dict:
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer, scheduler, sampler, reward_funcs,
                     config: dict, progress: dict, keep: int | None = None,
-                    process_states: list[dict] | None = None) -> Path:
+                    process_states: list[dict] | None = None, ref_model=None) -> Path:
     """Write ckpt_dir/step-{step}.pt atomically, then delete all but the newest `keep` checkpoints (None: keep all).
 
     progress: what the loop carries from step to step besides the RNGs (e.g. accumulated wall time, the
     evaluation made before training), restored verbatim by `load_checkpoint`.
     process_states: with several processes, `process_state(...)` of every rank, gathered by rank 0 (which
     alone writes); None = this process's only.
+    ref_model: a reference that moves during training (sync_ref_model): its weights are saved too.
     """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +116,8 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer,
         "config": config,
         "progress": progress,
     }
+    if ref_model is not None:
+        state["ref_model"] = {name: p.detach().clone() for name, p in ref_model.named_parameters()}
     path = ckpt_dir / f"step-{step:06d}.pt"
     _atomic_torch_save(state, path)
     if keep is not None:
@@ -136,7 +139,7 @@ def latest_checkpoint(run_or_checkpoint: str | os.PathLike) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sampler, reward_funcs,
-                    config: dict, rank: int = 0, world_size: int = 1) -> tuple[int, dict]:
+                    config: dict, rank: int = 0, world_size: int = 1, ref_model=None) -> tuple[int, dict]:
     """Restore everything `save_checkpoint` wrote into the given objects; returns (step, progress).
     rank, world_size: this process's place in a multi-process run (it takes its own RNGs and sampler).
 
@@ -161,6 +164,8 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sam
         raise CheckpointError(f"resume_from_checkpoint: {path} was written by a run of {len(state['processes'])} "
                               f"process(es); resume it with as many (this run has {world_size})")
     model.load_state_dict(state["model"], strict=False)  # strict=False: frozen weights are not in the file
+    if ref_model is not None and "ref_model" in state:
+        ref_model.load_state_dict(state["ref_model"], strict=False)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     mine = state["processes"][rank]

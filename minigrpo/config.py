@@ -73,6 +73,10 @@ class Config:
     pass_k: int = 4  # minigrpo: k of advantage_estimator="pass_at_k" (Pass@k Training's analytic advantage)
     # "sum_then_normalize" (GRPO) or "normalize_then_sum" (GDPO: each reward normalised in its group, then summed)
     multi_objective_aggregation: str = "sum_then_normalize"
+    # GFPO (TRL's experimental GFPOTrainer): sample num_generations per prompt, keep this many per group, chosen by
+    # gfpo_filter ("length": the shortest; "token_efficiency": the most reward per token); None = off
+    num_remains_in_group: int | None = None
+    gfpo_filter: str = "length"  # minigrpo: TRL takes a function (group_filter_func); these are the paper's two
     mask_truncated_completions: bool = False  # truncated completions get no loss (DAPO)
     dynamic_sampling: bool = False  # DAPO: drop zero-std groups, sample more until the batch is full
     max_dynamic_sampling_rounds: int = 4  # minigrpo: give up filling the batch after this many samplings
@@ -84,6 +88,10 @@ class Config:
     epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; cispo: the cap eps_max, None = 5.0 (TRL: epsilon)
     delta: float | None = None  # two-sided clipping
     beta: float = 0.0  # KL coefficient; 0 = no reference model at all
+    # TR-DPO's reference refresh (TRL): every ref_model_sync_steps steps, pi_ref <- alpha pi_theta + (1 - alpha) pi_ref
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512  # in steps of the loop (batches); TRL counts optimizer steps: the same at 1 each
     kl_estimator: str = "k3"  # minigrpo: k1, k2, k3
     kl_in_reward: bool = False  # minigrpo: fold beta * KL into the reward instead of the loss
     gmpo_epsilon: float = 0.4  # minigrpo: GMPO's log-space clip range
@@ -224,6 +232,32 @@ class Config:
             raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) normalises each reward in its "
                               "group, then the sum over the batch; use advantage_estimator 'grpo', scale_rewards "
                               "'group', kl_in_reward false")
+
+        if self.num_remains_in_group is not None:
+            if not 2 <= self.num_remains_in_group < self.num_generations:
+                raise ConfigError(f"num_remains_in_group: GFPO keeps 2..num_generations-1 of each group "
+                                  f"(num_generations={self.num_generations}), got {self.num_remains_in_group}")
+            kept = self.generation_batch_size // self.num_generations * self.num_remains_in_group
+            if kept % self.steps_per_generation:
+                raise ConfigError(f"steps_per_generation: must divide the {kept} completions GFPO keeps per batch")
+        if self.gfpo_filter not in ("length", "token_efficiency"):
+            raise ConfigError(f"gfpo_filter: {self.gfpo_filter!r} is not one of length, token_efficiency")
+        if self.sync_ref_model:
+            if self.beta == 0 or self.kl_in_reward:
+                raise ConfigError("sync_ref_model: there is no reference model to refresh with beta = 0 (or "
+                                  "kl_in_reward); set beta > 0")
+            if self.use_peft:  # TRL refuses it too
+                raise ConfigError("sync_ref_model: with use_peft the reference is the base (the adapter switched "
+                                  "off), which does not move; train all weights or leave sync_ref_model off")
+            if not 0 < self.ref_model_mixup_alpha <= 1:
+                raise ConfigError(f"ref_model_mixup_alpha: must be in (0, 1], got {self.ref_model_mixup_alpha}")
+            if self.ref_model_sync_steps < 1:
+                raise ConfigError(f"ref_model_sync_steps: must be >= 1, got {self.ref_model_sync_steps}")
+
+    @property
+    def group_size(self) -> int:
+        """Completions per prompt in a training batch: num_generations, or the num_remains_in_group GFPO keeps."""
+        return self.num_remains_in_group or self.num_generations
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

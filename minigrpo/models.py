@@ -261,6 +261,18 @@ def reference_policy(model):
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
+@torch.no_grad()
+def refresh_reference(ref_model, model, alpha: float) -> None:
+    """TRL's sync_ref_model (TR-DPO, Gorbatovski et al. 2024): move the frozen reference toward the policy,
+
+        theta_ref <- alpha * theta + (1 - alpha) * theta_ref          parameter by parameter
+
+    so a long run's KL penalty anchors to a recent policy rather than the start. Full fine-tuning only (with LoRA
+    the reference is the base with the adapter off; config.py refuses the combination)."""
+    for ref_p, p in zip(ref_model.parameters(), model.parameters(), strict=True):
+        ref_p.mul_(1 - alpha).add_(p.detach().to(ref_p.dtype), alpha=alpha)
+
+
 def parameter_counts(model) -> tuple[int, int]:
     """(trainable, total) parameters. A 4-bit weight counts as the number of weights it stores, not bytes."""
     if is_lora(model):

@@ -40,7 +40,7 @@ from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import make_engine
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, gather_stats, step_metrics
-from .models import load_policy, reference_policy, resolve_device
+from .models import load_policy, reference_policy, refresh_reference, resolve_device
 from .objectives import CONFIG_OPTIONS, policy_loss
 from .rewards import reward_names
 from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
@@ -73,8 +73,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     sampler = PromptSampler(train_rows, cfg.seed, distributed.rank(), distributed.world_size())
     out, main = Path(cfg.output_dir), distributed.is_main()
     out.mkdir(parents=True, exist_ok=True)
+    moving_ref = ref_model if cfg.sync_ref_model else None  # a reference that changes is part of the run's state
     start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
-                                            sampler=sampler, reward_funcs=reward_funcs)
+                                            sampler=sampler, reward_funcs=reward_funcs, ref_model=moving_ref)
     # The policy's own decode loop, or vLLM (use_vllm), made after the resume so that it copies the restored weights.
     engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in train_rows], max_len)
     if main:  # one process writes the run directory
@@ -120,6 +121,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
+        if cfg.sync_ref_model and step % cfg.ref_model_sync_steps == 0:  # TR-DPO: the reference follows, slowly
+            refresh_reference(ref_model, model, cfg.ref_model_mixup_alpha)
         step_seconds = time.perf_counter() - t0
         run_state["wall_seconds"] += step_seconds
 
@@ -132,7 +135,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
             log.log(step, row, completion_records(step, batch, reward_names(reward_funcs), gathered["correct"].tolist(),
-                                                  cfg.log_completions_groups, cfg.num_generations))
+                                                  cfg.log_completions_groups, cfg.group_size))
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
         if cfg.save_steps and step % cfg.save_steps == 0:
@@ -140,7 +143,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
             if main:
                 save_checkpoint(out / "checkpoints", step, model=model, optimizer=optimizer, scheduler=scheduler,
                                 sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
-                                keep=cfg.save_total_limit, process_states=states)
+                                keep=cfg.save_total_limit, process_states=states, ref_model=moving_ref)
     log.close()
 
     summary = None
