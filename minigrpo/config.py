@@ -109,6 +109,9 @@ class Config:
     top_entropy_quantile: float = 1.0  # policy loss only on this top fraction of tokens by entropy (80/20 rule: 0.2)
     num_iterations: int = 1  # PPO epochs over each batch (TRL's mu)
     steps_per_generation: int = 1  # optimizer steps (mini-batches) per generated batch
+    # each mini-batch's forward and backward in this many micro-batches, gradients summed: the same optimizer step
+    # in less memory (TRL's name; there it also sets how many micro-batches make one optimizer step)
+    gradient_accumulation_steps: int = 1
     # --- optimizer ---
     learning_rate: float = 1e-4
     lr_scheduler_type: str = "constant"  # "constant" or "linear" (decay to 0, TRL's default)
@@ -233,6 +236,10 @@ class Config:
                               "group, then the sum over the batch; use advantage_estimator 'grpo', scale_rewards "
                               "'group', kl_in_reward false")
 
+        mini_batch = self.generation_batch_size // self.num_generations * self.group_size // self.steps_per_generation
+        if self.gradient_accumulation_steps < 1 or mini_batch % self.gradient_accumulation_steps:
+            raise ConfigError(f"gradient_accumulation_steps: must divide the mini-batch of {mini_batch} completions "
+                              f"(generation_batch_size / steps_per_generation), got {self.gradient_accumulation_steps}")
         if self.num_remains_in_group is not None:
             if not 2 <= self.num_remains_in_group < self.num_generations:
                 raise ConfigError(f"num_remains_in_group: GFPO keeps 2..num_generations-1 of each group "

@@ -165,49 +165,92 @@ def grpo_update(model, optimizer, inputs: dict, cfg: Config, *, max_completion_l
 
     inputs, on the model's device, N completions: prompt_ids, prompt_mask (N, P), completion_ids,
     completion_mask, loss_mask (N, T; the completion mask, less what mask_truncated_completions drops), adv (N,)
-    and old_logp, ref_logp, is_weight (N, T), each None when not used (old_logp None: on-policy, the ratio is 1).
+    and old_logp, ref_logp, is_weight, sampling_logp (N, T), each None when not used (old_logp None: on-policy,
+    the ratio is 1).
+
+    gradient_accumulation_steps > 1 runs each mini-batch in that many micro-batches (less memory), each loss scaled
+    by its share of the mini-batch's normaliser (`loss_share`), gradients summed: the same optimizer step.
     """
     N, W = inputs["adv"].shape[0], distributed.world_size()
-    ids = [inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
-    old_logp, ref_logp, is_weight, loss_mask = (inputs.get(k) for k in ("old_logp", "ref_logp", "is_weight", "loss_mask"))
-    sampling_logp = inputs.get("sampling_logp")  # the engine's (vLLM's) log-probs, for off_policy_mask_threshold
+    loss_mask = inputs["loss_mask"]
     # dapo/cispo divide each mini-batch's summed loss by the batch's tokens per mini-batch (TRL's num_items_in_batch).
     # With W processes the gradients are averaged, so each divides by the global count / W.
     num_tokens = distributed.all_reduce_sum(loss_mask.sum())
     step_stats = []
     for _ in range(cfg.num_iterations):
         for mb in torch.randperm(N).split(N // cfg.steps_per_generation):  # the same on every rank
-            mb_ids = [t[mb] for t in ids]
-            with autocast():
-                logp, entropy = completion_logprobs(model, *mb_ids, temperature=cfg.temperature, with_entropy=True)
-            loss, stats = policy_loss(
-                logp, logp.detach() if old_logp is None else old_logp[mb], inputs["adv"][mb], loss_mask[mb],
-                loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
-                epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
-                beta=0.0 if ref_logp is None else cfg.beta, ref_logp=None if ref_logp is None else ref_logp[mb],
-                kl_estimator=cfg.kl_estimator, max_completion_length=max_completion_length,
-                num_items_in_batch=num_tokens / cfg.steps_per_generation / W,
-                token_weights=None if is_weight is None else is_weight[mb],
-                sampling_logp=None if sampling_logp is None else sampling_logp[mb], entropies=entropy,
-                **{name: getattr(cfg, name) for name in CONFIG_OPTIONS},  # vespo_k_pos=cfg.vespo_k_pos, ...
-            )
-            if cfg.loss_type == "bnpo" and W > 1:  # bnpo divides by this rank's tokens: make it the global count / W
-                mb_tokens = loss_mask[mb].sum()
-                loss = loss * mb_tokens * W / distributed.all_reduce_sum(mb_tokens).clamp(min=1)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            micro_stats = []
+            for micro in mb.split(len(mb) // cfg.gradient_accumulation_steps):
+                loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
+                                               num_items_in_batch=num_tokens / cfg.steps_per_generation / W)
+                if cfg.gradient_accumulation_steps > 1 or (cfg.loss_type == "bnpo" and W > 1):
+                    loss = loss * loss_share(cfg.loss_type, loss_mask, micro, mb)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
+                loss.backward()
+                micro_stats.append({**stats, "loss": loss.item()})
             distributed.average_gradients(model.parameters())  # W > 1: the global batch's gradient, on every rank
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
             if not math.isfinite(grad_norm):  # a finite loss can still have an inf/nan gradient
                 raise FloatingPointError(f"step {step}: the gradient norm is {grad_norm} — stopping before the weights are")
             optimizer.step()
-            completion_mask = mb_ids[3]
-            stats.update(loss=loss.item(), grad_norm=grad_norm, tokens=completion_mask.sum().item(),
-                         entropy=((entropy * completion_mask).sum() / completion_mask.sum().clamp(min=1)).item())
-            step_stats.append(stats)
+            step_stats.append({**merge_micro_stats(micro_stats), "grad_norm": grad_norm})
     return step_stats
+
+
+def micro_batch_loss(model, inputs: dict, rows: torch.Tensor, cfg: Config, max_completion_length: int, autocast,
+                     num_items_in_batch) -> tuple[torch.Tensor, dict]:
+    """policy_loss on the given rows of the batch: a forward pass of the policy, then the objective."""
+    pick = lambda key: None if inputs.get(key) is None else inputs[key][rows]  # noqa: E731
+    ids = [inputs[k][rows] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+    with autocast():
+        logp, entropy = completion_logprobs(model, *ids, temperature=cfg.temperature, with_entropy=True)
+    ref_logp = pick("ref_logp")
+    loss, stats = policy_loss(
+        logp, logp.detach() if inputs.get("old_logp") is None else inputs["old_logp"][rows], inputs["adv"][rows],
+        inputs["loss_mask"][rows], loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
+        epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
+        beta=0.0 if ref_logp is None else cfg.beta, ref_logp=ref_logp, kl_estimator=cfg.kl_estimator,
+        max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
+        token_weights=pick("is_weight"), sampling_logp=pick("sampling_logp"), entropies=entropy,
+        **{name: getattr(cfg, name) for name in CONFIG_OPTIONS},  # vespo_k_pos=cfg.vespo_k_pos, ...
+    )
+    completion_mask = ids[3]
+    stats.update(tokens=completion_mask.sum().item(),
+                 entropy=((entropy * completion_mask).sum() / completion_mask.sum().clamp(min=1)).item())
+    return loss, stats
+
+
+# Aggregations that average over completions: a micro-batch's loss counts by its share of the mini-batch's rows.
+SEQUENCE_MEAN_LOSSES = ("grpo", "sapo", "gmpo", "dr_grpo", "luspo")
+
+
+def loss_share(loss_type: str, loss_mask: torch.Tensor, micro: torch.Tensor, mini: torch.Tensor) -> torch.Tensor | float:
+    """The factor that makes a micro-batch's loss its part of the mini-batch's: summed over the micro-batches (and
+    averaged over the W processes), the scaled losses are the mini-batch's loss, and so are their gradients.
+
+        mean over completions (grpo, dr_grpo, ...)   |micro| / |mini|
+        mean over tokens (bnpo)                      tokens(micro) * W / tokens(mini, all processes)
+        sum / num_items_in_batch (dapo, cispo, ...)  1: the normaliser is already the mini-batch's
+    """
+    if loss_type in SEQUENCE_MEAN_LOSSES:
+        return len(micro) / len(mini)
+    if loss_type == "bnpo":
+        micro_tokens = loss_mask[micro].sum()
+        return micro_tokens * distributed.world_size() / distributed.all_reduce_sum(loss_mask[mini].sum()).clamp(min=1)
+    return 1.0
+
+
+def merge_micro_stats(micro_stats: list[dict]) -> dict:
+    """One mini-batch's statistics from its micro-batches': loss summed (the mini-batch's loss), tokens summed, the
+    rest weighted by tokens (exact for token means; sequence means, e.g. GSPO's clip ratios, approximately)."""
+    if len(micro_stats) == 1:
+        return micro_stats[0]
+    tokens = [s["tokens"] for s in micro_stats]
+    merged = {key: sum(s[key] * n for s, n in zip(micro_stats, tokens)) / max(sum(tokens), 1) for key in micro_stats[0]}
+    merged.update(loss=sum(s["loss"] for s in micro_stats), tokens=sum(tokens))
+    return merged
 
 
 def vllm_correction(cfg: Config, old_logp, sampling_logp, loss_mask) -> tuple[torch.Tensor | None, dict]:
