@@ -79,8 +79,8 @@ def set_threads(num_threads: int = 1) -> int:
     over several threads can add its terms in another order, which changes the last bits of the log-probs and
     gradients (measured on this project's CPU: with 3, 4 or 8 threads a batch's log-probs differed from one
     thread's by up to 2e-6 and its gradient by 3e-5); the weights then drift apart, sampling draws a different
-    token somewhere, and a live run is no longer the shipped run's first steps. With one thread the notebooks' "identical to the shipped run" checks hold on
-    any machine with the same torch. At this model's size one thread costs little, and on a CPU shared with other
+    token somewhere, and a live run is no longer the shipped run's first steps. With one thread the notebooks'
+    "identical to the shipped run" checks hold on any machine with the same torch. At this model's size one thread costs little, and on a CPU shared with other
     jobs it also avoids OpenMP's busy-waiting (scripts/run_notebooks.py).
     """
     import torch

@@ -603,7 +603,8 @@ def plot_advantage_heatmap(metrics: list[dict], *, ax=None, bins: int = 25, limi
     limit = limit or max(v.abs().max().item() for v in values) or 1.0
     bins += 1 - bins % 2  # odd: one bin centred on 0
     width = 2 * limit / bins
-    share = torch.stack([torch.histc(v, bins=bins, min=-limit, max=limit) / max(len(v), 1) for v in values])  # (S, bins)
+    share = torch.stack([torch.histc(v, bins=bins, min=-limit, max=limit) / max(len(v), 1)
+                         for v in values])  # (steps, bins)
     steps = [m["step"] for m in logged]
     image = ax.imshow(share.T.numpy(), origin="lower", aspect="auto", cmap="viridis", norm=PowerNorm(0.5, 0, 1),
                       extent=(steps[0] - 0.5, steps[-1] + 0.5, -limit, limit), interpolation="nearest")
@@ -613,3 +614,32 @@ def plot_advantage_heatmap(metrics: list[dict], *, ax=None, bins: int = 25, limi
     ax.set_ylabel(f"advantage (bins of {width:.2f})")
     ax.set_title(title or "advantages per step (middle row: zero-std groups)")
     return ax
+
+
+def plot_memory_vs_length(rows: list[dict], *, axes=None, title: str | None = None):
+    """`minigrpo bench-length`'s results: peak step memory (left) and step time (right) against completion length,
+    minigrpo and TRL, the minigrpo/TRL ratio written at each length. A run with variable lengths (an eos
+    probability) is drawn as a hollow marker at its mean completion length. Returns the two axes."""
+    axes = axes if axes is not None else plt.subplots(1, 2, figsize=(11, 4))[1]
+    sides = {"minigrpo": "C0", "trl": "C1"}
+    panels = [("peak_bytes", 2**20, "peak step memory (MiB)"), ("step_cpu", 1, "step time (CPU s)")]
+    for ax, (key, scale, ylabel) in zip(axes, panels):
+        fixed = [r for r in rows if not r["eos_probability"] and r["minigrpo"][key] is not None]
+        for side, color in sides.items():
+            ax.plot([r["length"] for r in fixed], [r[side][key] / scale for r in fixed], "o-", color=color,
+                    label="TRL" if side == "trl" else side)
+            for r in rows:
+                if r["eos_probability"] and r[side][key] is not None:
+                    ax.plot(r[side]["tokens"] / r["completions"], r[side][key] / scale, "o", mfc="none", color=color,
+                            ms=9, label=f"{'TRL' if side == 'trl' else side}, eos p = 1/{1 / r['eos_probability']:.0f}"
+                                        f" (at its mean length)")
+        for r in fixed:
+            ax.annotate(f"{r[key + '_ratio']:.2f}", (r["length"], r["minigrpo"][key] / scale), fontsize=8,
+                        textcoords="offset points", xytext=(0, -13), ha="center")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([r["length"] for r in fixed], [str(r["length"]) for r in fixed])
+        ax.set_ylim(bottom=0)
+        _label(ax, "completion length (tokens)", ylabel, f"{ylabel.split(' (')[0]} (numbers: minigrpo/TRL)")
+    if title:
+        axes[0].figure.suptitle(title)
+    return axes

@@ -2,7 +2,8 @@
 
 The kernel imports minigrpo from this checkout (scripts/run_notebooks.py sets PYTHONPATH), which the first cell's
 version printout (the checkout's commit, not its path) lets us check. Fast mode trains for a few steps only; the
-whole file takes about a minute and a half on 2 CPU cores. A second test checks that the committed notebooks carry the outputs of a full run.
+whole file takes about a minute and a half on 2 CPU cores. A second test checks that the committed notebooks carry
+the outputs of a full run.
 """
 
 import subprocess
