@@ -161,11 +161,15 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
 
         static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), plus a
                      frozen reference copy when beta > 0 without LoRA
-        logits       one float32 copy of a mini-batch's completion logits: mini-batch x max_completion_length x V
+        logits       the output head's working set: logprobs.py runs the head over blocks of tokens and never holds
+                     more than one block's logits (BLOCK_ELEMENTS, 220 tokens x V at Qwen's vocabulary), its softmax
+                     and, in backward, its gradient: 3 float32 copies of a block (the whole mini-batch's logits,
+                     mini-batch x max_completion_length x V, if that is smaller)
         activations  an estimate of what the forward keeps for backward: 34 h bytes per token and layer with 16-bit
                      activations and an attention kernel that stores no score matrix (Korthikanti et al. 2022,
                      "Reducing Activation Recomputation", eq. 2 less its 5 a s term), doubled in float32, for a
-                     mini-batch of (prompt_length + max_completion_length)-token sequences
+                     mini-batch of (prompt_length + max_completion_length)-token sequences; with
+                     gradient_checkpointing, each layer's input (h values per token) plus one layer's 34 h
 
     Left out: the KV cache while sampling, the CUDA context (~0.5 GB), allocator slack and fragmentation.
     LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB more).
@@ -184,13 +188,21 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
                                 target_modules=cfg.lora_target_modules, nested_quant=cfg.use_bnb_nested_quant)[setup]
     reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if cfg.beta > 0 and not cfg.use_peft else 0
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
-    mini_batch = cfg.generation_batch_size // cfg.steps_per_generation
-    logits = mini_batch * completion_length * config.vocab_size * 4
+    mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
+    from .logprobs import BLOCK_ELEMENTS
+
+    block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
+    logits = 3 * block_tokens * config.vocab_size * 4
     activation_bytes = 2 if (cfg.bf16 or cfg.dtype != "float32") else 4
     tokens = mini_batch * (prompt_length + completion_length)
-    activations = tokens * config.num_hidden_layers * 34 * config.hidden_size * activation_bytes // 2
+    layer_bytes = 34 * config.hidden_size * activation_bytes // 2  # per token: Korthikanti's 34 h in 16 bits
+    if cfg.gradient_checkpointing:  # every layer's input kept, one layer's activations at a time (recomputed)
+        per_token = config.num_hidden_layers * config.hidden_size * activation_bytes + layer_bytes
+    else:
+        per_token = config.num_hidden_layers * layer_bytes
+    activations = tokens * per_token
     return {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
-            "mini_batch": mini_batch, "completion_length": completion_length, "prompt_length": prompt_length,
+            "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length, "prompt_length": prompt_length,
             "floor": row["total"] + reference + logits + activations}
 
 
@@ -199,7 +211,7 @@ def format_recipe_table(path: str, floor: dict) -> str:
     gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     rows = [("weights", floor["weights"]), ("gradients", floor["gradients"]), ("AdamW moments", floor["optimizer"]),
             ("reference model (beta > 0, no LoRA)", floor["reference"]),
-            (f"logits, one float32 copy ({floor['mini_batch']} x {floor['completion_length']} x vocabulary)",
+            (f"logits, one block of the head ({floor['block_tokens']} tokens x vocabulary, 3 float32 copies)",
              floor["logits"]),
             (f"activations, estimated ({floor['mini_batch']} x ({floor['prompt_length']} + "
              f"{floor['completion_length']}) tokens)", floor["activations"]), ("**total**", floor["floor"])]

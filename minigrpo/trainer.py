@@ -19,7 +19,8 @@ What this loop simplifies, on purpose:
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
   * The reference policy (beta > 0) is a frozen copy of the starting weights, made once; with LoRA it is the
     same model with its adapter switched off (models.py), so it costs no memory.
-  * No gradient accumulation: each mini-batch is one optimizer step.
+  * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
+    only (the same step, see loss_share).
 """
 
 import contextlib

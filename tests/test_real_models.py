@@ -140,9 +140,9 @@ def test_a_conversational_prompt_without_a_chat_template_is_one_line(tmp_path, c
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
 def test_every_recipe_runs_on_the_stand_in(tmp_path, chat_model_dir, recipe):
     """The recipe as shipped (LoRA/QLoRA, dtype, rewards, loss, optimizer, chat_template_kwargs), with the model
-    swapped for the stand-in, GSM8K for a local copy, and the batch shrunk to 8 completions and 1 step."""
+    swapped for the stand-in, GSM8K for a local copy, and the batch shrunk to 8 completions (2 micro-batches), 1 step."""
     cfg = load_config(str(recipe))
-    shrink = {**SMALL, "max_steps": 1, "save_steps": 0, "warmup_steps": 0, "eval_num_samples": 0,
+    shrink = {**SMALL, "max_steps": 1, "gradient_accumulation_steps": 2, "save_steps": 0, "warmup_steps": 0, "eval_num_samples": 0,
               "output_dir": str(tmp_path / "run"), "model_name_or_path": str(chat_model_dir)}
     if cfg.task == "gsm8k":
         shrink.update(dataset_name=str(gsm8k_copy(tmp_path / "gsm8k")), dataset_config="main")

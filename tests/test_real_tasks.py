@@ -204,9 +204,14 @@ def test_every_recipe_loads_and_its_memory_is_computed(recipe):
     floor = recipe_floor(cfg)
     # activations: mini-batch x (200 + completion) tokens x layers x 34 h bytes (16-bit activations under bf16)
     shape = qwen_config(HUB_SHAPES[cfg.model_name_or_path])
-    tokens = cfg.generation_batch_size // cfg.steps_per_generation * (200 + cfg.max_completion_length)
+    micro_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps
+    tokens = micro_batch * (200 + cfg.max_completion_length)
     assert floor["activations"] == tokens * shape.num_hidden_layers * 34 * shape.hidden_size
-    assert floor["logits"] == floor["mini_batch"] * cfg.max_completion_length * 151936 * 4
+    # logits: one block of the head (2^25 logits: 220 tokens x 151,936), 3 float32 copies (logprobs.py)
+    assert floor["logits"] == 3 * 220 * 151936 * 4
+    # gradient_checkpointing: every layer's input (h values per token, 2 bytes) and one layer's 34 h
+    checkpointed = recipe_floor(load_config(None, {**cfg.to_dict(), "gradient_checkpointing": True}))
+    assert checkpointed["activations"] == tokens * (shape.num_hidden_layers * 2 + 34) * shape.hidden_size
     assert floor["floor"] == floor["total"] + floor["reference"] + floor["logits"] + floor["activations"]
 
 
