@@ -106,6 +106,8 @@ class Config:
     ppo_kl_coef: float = 1.0  # verl: KL-Cov's coefficient on |log rho|
     use_bias_correction_kl: bool = False  # KL term times rho, unbiased off-policy (DeepSeek-V3.2); TRL's default: True
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2: drop A < 0 completions whose sampler KL exceeds it
+    entropy_coef: float = 0.0  # TRL: loss - coef * mean entropy of the tokens the loss acts on (0 = off); the
+    # entropy's gradient needs full logits (logprobs.plain_completion_logprobs); per micro-batch with gradient accumulation
     top_entropy_quantile: float = 1.0  # policy loss only on this top fraction of tokens by entropy (80/20 rule: 0.2)
     num_iterations: int = 1  # PPO epochs over each batch (TRL's mu)
     steps_per_generation: int = 1  # optimizer steps (mini-batches) per generated batch
@@ -216,6 +218,8 @@ class Config:
                 and not self.delta > 1 + clip_high:
             raise ConfigError(f"delta: {self.delta} must be > 1 + epsilon_high = {1 + clip_high} (it caps the ratio "
                               "above the clip range; verl's dual-clip c)")
+        if not self.entropy_coef >= 0:
+            raise ConfigError(f"entropy_coef: must be >= 0 (a bonus on entropy), got {self.entropy_coef}")
         if not 0 <= self.top_entropy_quantile <= 1:
             raise ConfigError(f"top_entropy_quantile: must be in [0, 1], got {self.top_entropy_quantile}")
         if self.off_policy_mask_threshold is not None and not self.off_policy_mask_threshold > 0:

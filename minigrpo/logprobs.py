@@ -50,8 +50,9 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 # The whole idea
 # ---------------------------------------------------------------------------------------------------------
 def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                              temperature: float = 1.0, with_entropy: bool = False):
-    """log pi(o_t | q, o_<t) (B, T) and, if asked, the policy's entropy at each position (B, T; no gradient).
+                              temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
+    """log pi(o_t | q, o_<t) (B, T) and, if asked, the policy's entropy at each position (B, T; no gradient unless
+    entropy_grad, for an entropy bonus in the loss).
 
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
     One forward pass over the padded (B, P + T) batch, log_softmax over the whole vocabulary, gather.
@@ -68,7 +69,8 @@ def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
     mask = completion_mask.float()
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1).detach() * mask  # H = -sum_v p_v log p_v
+        entropy = -(logp_all.exp() * logp_all).sum(-1) * mask  # H = -sum_v p_v log p_v
+        entropy = entropy if entropy_grad else entropy.detach()
     return logp * mask, entropy
 
 
@@ -86,18 +88,21 @@ def completion_logprobs(
     with_entropy: bool = False,
     trim_padding: bool = True,
     block_tokens: int | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient): the numbers of
     `plain_completion_logprobs` (within float rounding), computed as the module docstring says.
 
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
     trim_padding=False is the plain path. block_tokens: tokens per block of the head (default: BLOCK_ELEMENTS /
-    vocabulary).
+    vocabulary). entropy_grad: the entropy with its gradient (an entropy bonus, entropy_coef), which only the
+    plain path has: full logits, so the memory the head saves is spent.
     """
     decoder, head, adapter_off = _decoder_and_head(model)
-    if not trim_padding or head is None:
+    if not trim_padding or head is None or entropy_grad:
         return plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                         temperature=temperature, with_entropy=with_entropy)
+                                         temperature=temperature, with_entropy=with_entropy or entropy_grad,
+                                         entropy_grad=entropy_grad)
     with adapter_off:
         hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, completion_ids,
                                           completion_mask)  # (B, T, H)

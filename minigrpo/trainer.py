@@ -206,7 +206,8 @@ def micro_batch_loss(model, inputs: dict, rows: torch.Tensor, cfg: Config, max_c
     pick = lambda key: None if inputs.get(key) is None else inputs[key][rows]  # noqa: E731
     ids = [inputs[k][rows] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     with autocast():
-        logp, entropy = completion_logprobs(model, *ids, temperature=cfg.temperature, with_entropy=True)
+        logp, entropy = completion_logprobs(model, *ids, temperature=cfg.temperature, with_entropy=True,
+                                            entropy_grad=cfg.entropy_coef > 0)
     ref_logp = pick("ref_logp")
     loss, stats = policy_loss(
         logp, logp.detach() if inputs.get("old_logp") is None else inputs["old_logp"][rows], inputs["adv"][rows],

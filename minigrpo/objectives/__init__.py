@@ -61,7 +61,7 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 # policy_loss's keyword arguments that are Config fields of the same name (the trainer passes them through)
 CONFIG_OPTIONS = ("use_bias_correction_kl", "off_policy_mask_threshold", "top_entropy_quantile", "gmpo_epsilon",
                   "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "clip_cov_ratio",
-                  "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+                  "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "entropy_coef")
 NO_CLIP = (None, None)  # losses that clip nothing log clip ratios of 0 (every loss logs the same keys)
 
 
