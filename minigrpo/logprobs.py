@@ -206,7 +206,8 @@ def _completion_hidden_on_prompts(decoder, config, prompt_hidden, prompt_cache, 
     for layer_idx, prompt_layer in enumerate(prompt_cache.layers):
         cache.update(prompt_layer.keys[which, :, -p:], prompt_layer.values[which, :, -p:], layer_idx)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (b, p + t)
-    position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1], device=prompt_mask.device)
+    position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1],
+                                                                       device=prompt_mask.device)  # (b, t)
     completion_hidden = decoder(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 past_key_values=cache, use_cache=True).last_hidden_state  # (b, t, H)
     # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.

@@ -202,7 +202,8 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
         per_token = config.num_hidden_layers * layer_bytes
     activations = tokens * per_token
     return {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
-            "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length, "prompt_length": prompt_length,
+            "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length,
+            "prompt_length": prompt_length,
             "floor": row["total"] + reference + logits + activations}
 
 
