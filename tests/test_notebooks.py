@@ -69,3 +69,4 @@ def test_committed_notebook_has_full_mode_outputs(path):
     assert images >= 1, f"{path.name}: no plot in the committed outputs"
     text = "".join(_text_outputs(c) for c in code_cells)
     assert "fast mode: True" not in text, f"{path.name}: committed outputs come from fast mode"
+    assert "/minigrpo)" not in _text_outputs(code_cells[0]), f"{path.name}: the first cell shows a machine's path"
