@@ -71,10 +71,12 @@ __all__ = ["PPOConfig", "train_ppo"]
 class PPOConfig:
     """What PPO has and GRPO does not, with TRL's PPOConfig names. The defaults were chosen on think_addition.
 
-    Tried briefly (30 steps, seed 0, greedy accuracy on 200 test problems at step 30; GRPO reached 73.5% there):
-    lam 0.95 gave 70.5% (critic lr 1e-4) and 72.0% (1e-3), lam 1 gave 73.0% (1e-4) and 79.0% (1e-3). All four
-    learn; one seed cannot rank them (a difference of two runs has a standard error of ~4.5 points). So the
-    choices follow reasons:
+    Tried briefly, with an earlier commit's code (before the critic stopped moving the sampling RNG, 46b497a, so
+    each run's samples differed from GRPO's from step 1; 30 steps, seed 0, greedy accuracy on 200 test problems at
+    step 30; GRPO reached 73.5% there): lam 0.95 gave 70.5% (critic lr 1e-4) and 72.0% (1e-3), lam 1 gave 73.0%
+    (1e-4) and 79.0% (1e-3). The shipped PPO run (notebook 06, today's code) is at 74.0% at step 30. All learn; one
+    seed cannot rank them (a difference of two runs has a standard error of ~4.5 points). So the choices follow
+    reasons:
 
     * lam = 1 (TRL: 0.95). The reward sits on the last token and gamma = 1, so with lam = 1 token t's advantage is
       R - V(s_t). With lam = 0.95 and a critic that knows nothing yet (V = 0), token t gets lam^(T-1-t) R: the
