@@ -4,8 +4,7 @@
     OMP_NUM_THREADS=1 python scripts/make_reference_runs_08.py --only luspo    # some of them
 
 The shipped runs were made with `--only grpo luspo clip_cov kl_cov pass_at_k gfpo_length top_entropy_0.2 gspo
-vespo` (in that order, until the time ran out: notebook 08 lists what is shipped); gpg and off_policy_mask are
-defined but were not made.
+vespo` (in that order); gpg and off_policy_mask are defined but were not made (notebook 08's Try this).
 
 Every run takes notebook 04's settings (scripts/make_reference_runs.py's VARIANT_BASE: seed 0, 40 steps of 16
 prompts x G = 8 completions, steps_per_generation=2 so that the second mini-batch is off-policy and ratios differ
