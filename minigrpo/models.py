@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError
-from .peak_memory import peak_memory_bytes  # noqa: F401  (lives in peak_memory.py; kept importable from here)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -31,21 +31,25 @@ def peak_memory_bytes(device: torch.device | str) -> int:
     """
     if torch.device(device).type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
+    peak = _proc_status_bytes("VmHWM")
+    if peak is None:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(rss if sys.platform == "darwin" else rss * 1024)
+        peak = int(rss if sys.platform == "darwin" else rss * 1024)
+    return peak
 
 
 def current_memory_bytes(device: torch.device | str) -> int | None:
     """What is live now: CUDA's allocated tensors, or the process's resident set (VmRSS; None if unknown)."""
     if torch.device(device).type == "cuda":
         return int(torch.cuda.memory_allocated(device))
+    return _proc_status_bytes("VmRSS")
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status (Linux; given in KiB) in bytes, or None where there is none."""
     try:
         with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
     except (OSError, StopIteration):
         return None
 

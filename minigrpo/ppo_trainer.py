@@ -60,7 +60,7 @@ from .models import load_policy, parameter_counts, reference_policy, resolve_dev
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError, reward_names
 from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
-from .run_log import RunLog, completion_records
+from .run_log import RunLog
 from .tasks import get_task
 from .trainer import vllm_correction
 
@@ -173,7 +173,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "algorithm": "ppo", "ppo": ppo.to_dict()},
                                                     sort_keys=False))
-    log = RunLog(out, cfg)
+    log = RunLog(out, cfg, reward_names(reward_funcs))
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
@@ -225,7 +225,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         grpo_adv = batch["adv"]  # group_advantages(rewards, G) as GRPO would train on it, (N,)
         batch["adv"] = targets["raw_adv"][:, 0].cpu()
         gathered = gather_batch(batch, task)
-        row = {"step": step, **step_metrics(gathered, step_stats, reward_names(reward_funcs))}
+        row = {"step": step, **step_metrics(gathered, step_stats, log.reward_names)}
         row.update({k: fmean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
         row.update(targets["stats"])
         centred, _ = group_advantages(batch["rewards"], G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
@@ -238,8 +238,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                    tokens_per_second=batch["completion_mask"].sum().item() / step_seconds, **sampling_stats)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
-        log.log(step, row, completion_records(step, batch, reward_names(reward_funcs), gathered["correct"].tolist(),
-                                              cfg.log_completions_groups, G))
+        log.log(step, row, batch, gathered["correct"].tolist())
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
     log.close()
 

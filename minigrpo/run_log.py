@@ -53,8 +53,8 @@ class RunLog:
     """The run's log files (and report_to's loggers), opened once. `resume_step` > 0 appends to what a resumed
     run left (checkpoint.py has already cut both files back to that step)."""
 
-    def __init__(self, out: Path, cfg, *, resume_step: int = 0, enabled: bool = True):
-        self.enabled, self.cfg, self.writers = enabled, cfg, []
+    def __init__(self, out: Path, cfg, reward_names: list[str], *, resume_step: int = 0, enabled: bool = True):
+        self.enabled, self.cfg, self.reward_names, self.writers = enabled, cfg, reward_names, []
         if not enabled:
             return
         mode = "a" if resume_step else "w"
@@ -63,9 +63,15 @@ class RunLog:
         for name in cfg.report_to or ():
             self.writers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(out, cfg))
 
-    def log(self, step: int, row: dict, completions: list[dict] | None = None) -> None:
+    def log(self, step: int, row: dict, batch: dict, correct: list[bool]) -> None:
+        """One step: its metrics line, and (for completions.jsonl or report_to) its first groups' completions.
+        batch: this process's (batch.py); correct: the task's verdict on each of its completions, in order."""
         if not self.enabled:
             return
+        completions = []
+        if self.completions is not None or self.writers:
+            completions = completion_records(step, batch, self.reward_names, correct, self.cfg.log_completions_groups,
+                                             self.cfg.group_size)
         self.metrics.write(json_line(row))
         self.metrics.flush()
         if self.completions is not None and completions:
@@ -73,7 +79,7 @@ class RunLog:
             self.completions.flush()
         scalars = {k: v for k, v in finite_or_none(row).items() if isinstance(v, (int, float)) and k != "step"}
         for writer in self.writers:
-            writer.log(step, scalars, completions or [])
+            writer.log(step, scalars, completions)
 
     def close(self) -> None:
         if not self.enabled:

@@ -45,7 +45,7 @@ from .models import load_policy, reference_policy, refresh_reference, resolve_de
 from .objectives import CONFIG_OPTIONS, policy_loss
 from .rewards import reward_names
 from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
-from .run_log import RunLog, completion_records
+from .run_log import RunLog
 from .tasks import get_task
 
 __all__ = ["train", "grpo_update"]
@@ -82,7 +82,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     if main:  # one process writes the run directory
         (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "resume_from_checkpoint": None},
                                                         sort_keys=False))  # resuming is an action, not a setting
-    log = RunLog(out, cfg, resume_step=start_step, enabled=main)
+    log = RunLog(out, cfg, reward_names(reward_funcs), resume_step=start_step, enabled=main)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     if main and run_state["before"] is None:
@@ -129,14 +129,13 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
 
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
         gathered = gather_batch(batch, task)
-        row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), reward_names(reward_funcs))}
+        row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), log.reward_names)}
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
         if main:
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                 row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
-            log.log(step, row, completion_records(step, batch, reward_names(reward_funcs), gathered["correct"].tolist(),
-                                                  cfg.log_completions_groups, cfg.group_size))
+            log.log(step, row, batch, gathered["correct"].tolist())  # rank 0's rows come first in gathered
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
         if cfg.save_steps and step % cfg.save_steps == 0:

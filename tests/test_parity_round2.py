@@ -24,12 +24,7 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 DTYPE = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")  # conftest.py: one torch thread for this module
 
 
 def make_batch(seed: int, adv_dim: int = 1):

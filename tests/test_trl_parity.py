@@ -87,13 +87,7 @@ class _FakeTrainer:
         return values[0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Thousands of tiny ops: one intra-op thread is faster (and steadier on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")  # conftest.py: one torch thread for this module
 
 
 # ---------------------------------------------------------------------------------------------------------
