@@ -38,6 +38,8 @@ dropping of rows, ~10k page faults per rollout against ~1.9k; the tensors ``torc
 import torch
 import torch.nn.functional as F
 
+from .kv_cache import cache_argument
+
 # Architectures whose decoder layer is exactly the computation above. Qwen2/Qwen3 differ from Llama only
 # in biases on q, k, v (inside the modules) and Qwen3's per-head q/k norms; sliding-window layers are not
 # supported (has_decode_step checks).
@@ -131,4 +133,4 @@ class HFDecodeStep:
     def __call__(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(len(token), 1)], dim=1)
         return self.model(input_ids=token.unsqueeze(1), attention_mask=self.attention_mask, position_ids=position,
-                          past_key_values=self.cache, use_cache=True).logits[:, -1]  # (n, V)
+                          **cache_argument(self.model, self.cache), use_cache=True).logits[:, -1]  # (n, V)

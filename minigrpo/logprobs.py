@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from .kv_cache import cache_argument
 from .models import AdapterDisabled, is_lora
 
 __all__ = ["plain_completion_logprobs", "completion_logprobs", "head_logprobs", "ChunkedHeadLogprobs",
@@ -192,7 +193,7 @@ def _prompt_forward(decoder, config, prompt_ids, prompt_mask):
     cache = DynamicCache(config=config)
     position_ids = (prompt_mask[first].cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
     hidden = decoder(input_ids=prompts, attention_mask=prompt_mask[first], position_ids=position_ids,
-                     past_key_values=cache, use_cache=True).last_hidden_state[:, -1]  # (U, H)
+                     **cache_argument(decoder, cache), use_cache=True).last_hidden_state[:, -1]  # (U, H)
     return hidden, cache, which
 
 
@@ -209,7 +210,7 @@ def _completion_hidden_on_prompts(decoder, config, prompt_hidden, prompt_cache, 
     position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1],
                                                                        device=prompt_mask.device)  # (b, t)
     completion_hidden = decoder(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                past_key_values=cache, use_cache=True).last_hidden_state  # (b, t, H)
+                                **cache_argument(decoder, cache), use_cache=True).last_hidden_state  # (b, t, H)
     # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.
     return torch.cat([prompt_hidden[which].unsqueeze(1), completion_hidden[:, :-1]], dim=1)  # (b, t, H)
 

@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
+from .kv_cache import cache_argument
 from .prompts import encode_prompts, left_pad
 
 
@@ -208,7 +209,7 @@ def prefill(model, prompt_ids, prompt_mask, num_generations: int):
     cache = DynamicCache(config=model.config)
     position_ids = (prompt_mask.cumsum(1) - 1).clamp(min=0)  # left padding does not shift positions
     logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids,
-                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
+                   **cache_argument(model, cache), use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
     G = num_generations
     cache.batch_repeat_interleave(G)
     return logits.repeat_interleave(G, dim=0), cache, prompt_mask.repeat_interleave(G, dim=0)
