@@ -25,13 +25,15 @@ their group's mean and std and get advantage 0.
 """
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 __all__ = ["group_advantages", "rloo_advantages", "process_advantages", "kl_penalized_rewards",
            "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "opo_advantages",
            "grpo_passk_advantages", "pass_at_k_advantages", "gpg_advantages", "normalize_then_sum_advantages",
-           "gfpo_keep"]
+           "gfpo_keep", "AdvantageInputs", "ADVANTAGE_ESTIMATORS", "register_advantage", "compute_advantages"]
 
 
 def _nan_std(x: torch.Tensor, dim: int, *, unbiased: bool) -> torch.Tensor:
@@ -434,3 +436,65 @@ def gfpo_keep(rewards: torch.Tensor, lengths: torch.Tensor, group_size: int, k: 
     keep = torch.zeros_like(score, dtype=torch.bool).scatter(1, order[:, :k], True)
     return keep.view(-1)
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The table of estimators (verl's `register_adv_est`): one name, one function of the batch's rewards. Config's
+# `advantage_estimator` choices, the CLI and the docs read it; an estimator registered from outside trains like
+# these.
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class AdvantageInputs:
+    """What an estimator may read: rewards (N,) grouped consecutively by group_size, NaN = unscorable."""
+
+    rewards: torch.Tensor  # (N,)
+    group_size: int
+    lengths: torch.Tensor  # (N,) completion tokens, for the estimators that weigh by length
+    scale_rewards: str = "group"  # "group", "batch" or "none" (group_advantages' scale)
+    std_type: str = "sample"  # "sample" or "population"
+    pass_k: int = 4  # k of pass_at_k
+
+    @property
+    def token_mask(self) -> torch.Tensor:
+        """(N, T_max) 1 on each completion's tokens, for the per-token estimators (REINFORCE++)."""
+        return (torch.arange(int(self.lengths.max())) < self.lengths[:, None]).float()
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {}
+
+
+def register_advantage(name: str) -> Callable:
+    """Decorator: fn(x: AdvantageInputs) -> adv (N,) becomes advantage_estimator `name`."""
+    def add(fn):
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return add
+
+
+register_advantage("grpo")(lambda x: group_advantages(x.rewards, x.group_size, scale=x.scale_rewards, std=x.std_type)[0])
+register_advantage("rloo")(lambda x: rloo_advantages(x.rewards, x.group_size))
+# REINFORCE++ is per token (N, T), the same on every token of a completion: its mean is the completion's advantage
+register_advantage("reinforce_plus_plus")(
+    lambda x: reinforce_pp_advantages(x.rewards, x.token_mask).sum(-1) / x.lengths.clamp(min=1))
+register_advantage("reinforce_plus_plus_baseline")(
+    lambda x: reinforce_pp_baseline_advantages(x.rewards, x.group_size, x.token_mask))
+register_advantage("opo")(lambda x: opo_advantages(x.rewards, x.group_size, x.lengths))
+register_advantage("grpo_passk")(lambda x: grpo_passk_advantages(x.rewards, x.group_size, scale=x.scale_rewards != "none"))
+register_advantage("pass_at_k")(lambda x: pass_at_k_advantages(x.rewards, x.group_size, x.pass_k))
+register_advantage("gpg")(lambda x: gpg_advantages(x.rewards, x.group_size))
+
+
+def compute_advantages(x: AdvantageInputs, estimator: str = "grpo", *, rewards_per_func: torch.Tensor | None = None,
+                       reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(adv (N,), zero_std (N,)) of the batch: the estimator's advantages, or GDPO's from each reward function's
+    rewards when rewards_per_func (N, F) is given (multi_objective_aggregation="normalize_then_sum"). zero_std
+    marks the groups whose rewards are all equal (frac_reward_zero_std), whatever the estimator."""
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage_estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}")
+    rewards = x.rewards if x.rewards.is_floating_point() else x.rewards.float()
+    zero_std = _all_equal(rewards.view(-1, x.group_size), 1).repeat_interleave(x.group_size)
+    if rewards_per_func is not None:
+        return normalize_then_sum_advantages(rewards_per_func, x.group_size, torch.tensor(reward_weights)), zero_std
+    return ADVANTAGE_ESTIMATORS[estimator](x), zero_std

@@ -25,10 +25,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import distributed
-from .advantages import (gfpo_keep, gpg_advantages, group_advantages, grpo_passk_advantages, kl_penalized_rewards,
-                         normalize_then_sum_advantages, opo_advantages, pass_at_k_advantages, reinforce_pp_advantages,
-                         reinforce_pp_baseline_advantages, rloo_advantages)
+from . import advantages, distributed
+from .advantages import gfpo_keep, kl_penalized_rewards
 from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
@@ -66,33 +64,16 @@ class PromptSampler:
         self.order = list(state["order"])
 
 
-def compute_advantages(rewards: torch.Tensor, cfg, group_size: int, lengths: torch.Tensor | None = None,
+def compute_advantages(rewards: torch.Tensor, cfg, group_size: int, lengths: torch.Tensor,
                        rewards_per_func: torch.Tensor | None = None,
                        reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) rewards, grouped by group_size -> (adv (N,), zero_std (N,)), as cfg asks: GRPO's group
-    z-score (scale_rewards, std_type), RLOO's leave-one-out baseline, or cfg.advantage_estimator's (verl's names);
-    GDPO (multi_objective_aggregation="normalize_then_sum") from each reward function's rewards (N, F).
-    lengths (N,): completion lengths, for the estimators that weigh by them. advantages.py has the formulas."""
-    G, estimator = group_size, cfg.advantage_estimator
-    adv, zero_std = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std_type)
-    token_mask = None if lengths is None else (torch.arange(int(lengths.max())) < lengths[:, None]).float()  # (N, T)
-    if cfg.multi_objective_aggregation == "normalize_then_sum":
-        adv = normalize_then_sum_advantages(rewards_per_func, G, torch.tensor(reward_weights))
-    elif estimator == "rloo":
-        adv = rloo_advantages(rewards, G)  # the same zero-std groups: their advantages are 0 under both
-    elif estimator == "reinforce_plus_plus":  # (N, T), the same on every token of a completion: its mean
-        adv = reinforce_pp_advantages(rewards, token_mask).sum(-1) / lengths.clamp(min=1)
-    elif estimator == "reinforce_plus_plus_baseline":
-        adv = reinforce_pp_baseline_advantages(rewards, G, token_mask)
-    elif estimator == "opo":
-        adv = opo_advantages(rewards, G, lengths)
-    elif estimator == "grpo_passk":
-        adv = grpo_passk_advantages(rewards, G, scale=cfg.scale_rewards != "none")
-    elif estimator == "pass_at_k":
-        adv = pass_at_k_advantages(rewards, G, cfg.pass_k)
-    elif estimator == "gpg":
-        adv = gpg_advantages(rewards, G)
-    return adv, zero_std
+    """(N,) rewards, grouped by group_size -> (adv (N,), zero_std (N,)) with the run's estimator and settings
+    (advantages.compute_advantages, the table and the formulas); GDPO when multi_objective_aggregation is
+    "normalize_then_sum". lengths (N,): completion lengths, for the estimators that weigh by them."""
+    x = advantages.AdvantageInputs(rewards, group_size, lengths, cfg.scale_rewards, cfg.std_type, cfg.pass_k)
+    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"
+    return advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
+                                         rewards_per_func=rewards_per_func if gdpo else None)
 
 
 def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from .advantages import ADVANTAGE_ESTIMATORS
+from .objectives import LOSSES, get_loss
+
 __all__ = ["Config", "ConfigError", "load_config"]
 
 
@@ -68,8 +71,9 @@ class Config:
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
     std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
-    advantage_estimator: str = "grpo"  # minigrpo: "grpo" (group z-score) or "rloo" (leave-one-out)
-    # ... or verl's reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg; or pass_at_k
+    # an entry of advantages.ADVANTAGE_ESTIMATORS: "grpo" (group z-score), "rloo" (leave-one-out), verl's
+    # reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, or pass_at_k (minigrpo)
+    advantage_estimator: str = "grpo"
     pass_k: int = 4  # minigrpo: k of advantage_estimator="pass_at_k" (Pass@k Training's analytic advantage)
     # "sum_then_normalize" (GRPO) or "normalize_then_sum" (GDPO: each reward normalised in its group, then summed)
     multi_objective_aggregation: str = "sum_then_normalize"
@@ -82,7 +86,7 @@ class Config:
     max_dynamic_sampling_rounds: int = 4  # minigrpo: give up filling the batch after this many samplings
     overlong_buffer_len: int = 0  # DAPO's L_cache for the "overlong" reward (0 = a quarter of L_max)
     # --- objective ---
-    loss_type: str = "grpo"  # grpo, bnpo, dr_grpo, dapo, cispo, sapo, gmpo (TRL's default is "dapo")
+    loss_type: str = "grpo"  # an entry of objectives.LOSSES: grpo, dapo, cispo, ... (TRL's default is "dapo")
     importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token (GSPO-token)
     epsilon: float = 0.2
     epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; cispo: the cap eps_max, None = 5.0 (TRL: epsilon)
@@ -94,6 +98,10 @@ class Config:
     ref_model_sync_steps: int = 512  # in steps of the loop (batches); TRL counts optimizer steps: the same at 1 each
     kl_estimator: str = "k3"  # minigrpo: k1, k2, k3
     kl_in_reward: bool = False  # minigrpo: fold beta * KL into the reward instead of the loss
+    # The loss types' own options (each declared with its loss type in objectives/): the fields below carry TRL's /
+    # verl's names; loss_options sets any other option by name, e.g. {"sapo_temperature_neg": 1.1}, or those of a
+    # loss type registered from outside (objectives.register_loss).
+    loss_options: dict | None = None
     gmpo_epsilon: float = 0.4  # minigrpo: GMPO's log-space clip range
     vespo_k_pos: float = 2.0  # VESPO's kernel phi(W) = W^k e^(lambda (1 - W)) for A >= 0 ...
     vespo_lambda_pos: float = 3.0
@@ -142,11 +150,9 @@ class Config:
         choices = {
             "scale_rewards": ("group", "batch", "none"),
             "std_type": ("sample", "population"),
-            "advantage_estimator": ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
-                                    "grpo_passk", "pass_at_k", "gpg"),
+            "advantage_estimator": tuple(ADVANTAGE_ESTIMATORS),
             "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
-            "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "gmpo", "vespo", "gpg",
-                          "clip_cov", "kl_cov"),
+            "loss_type": tuple(LOSSES),
             "importance_sampling_level": ("token", "sequence", "sequence_token"),
             "kl_estimator": ("k1", "k2", "k3"),
             "lr_scheduler_type": ("constant", "linear"),
@@ -206,18 +212,7 @@ class Config:
         if self.use_vllm and self.load_in_4bit:
             raise ConfigError("load_in_4bit: vLLM cannot be given a 4-bit base by minigrpo; with use_vllm set "
                               "load_in_4bit false (LoRA on a float base works)")
-        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type == "gmpo":
-            raise ConfigError("vllm_importance_sampling_correction: gmpo has no per-token loss to weight; switch the "
-                              "correction off or use another loss_type")
-        if self.loss_type == "gmpo" and self.importance_sampling_level != "token":
-            raise ConfigError("importance_sampling_level: gmpo builds its own sequence ratio, use 'token'")
-        if self.loss_type in ("gpg", "clip_cov", "kl_cov") and self.importance_sampling_level != "token":
-            raise ConfigError(f"importance_sampling_level: {self.loss_type} works on token ratios, use 'token'")
-        clip_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        if self.delta is not None and self.loss_type not in ("cispo", "sapo", "gmpo", "vespo", "gpg", "kl_cov") \
-                and not self.delta > 1 + clip_high:
-            raise ConfigError(f"delta: {self.delta} must be > 1 + epsilon_high = {1 + clip_high} (it caps the ratio "
-                              "above the clip range; verl's dual-clip c)")
+        self._validate_loss_type()
         if not self.entropy_coef >= 0:
             raise ConfigError(f"entropy_coef: must be >= 0 (a bonus on entropy), got {self.entropy_coef}")
         if not 0 <= self.top_entropy_quantile <= 1:
@@ -227,11 +222,6 @@ class Config:
         if self.use_bias_correction_kl and (self.beta == 0 or self.kl_in_reward):
             raise ConfigError("use_bias_correction_kl: corrects the KL term of the loss; it needs beta > 0 and "
                               "kl_in_reward false")
-        for key in ("clip_cov_ratio", "kl_cov_ratio"):
-            if not 0 < getattr(self, key) <= 1:
-                raise ConfigError(f"{key}: must be in (0, 1], got {getattr(self, key)}")
-        if not self.clip_cov_lb < self.clip_cov_ub:
-            raise ConfigError(f"clip_cov_lb: {self.clip_cov_lb} must be below clip_cov_ub ({self.clip_cov_ub})")
         if self.advantage_estimator == "pass_at_k" and not 1 <= self.pass_k <= self.num_generations:
             raise ConfigError(f"pass_k: must be in [1, num_generations={self.num_generations}], got {self.pass_k}")
         if self.multi_objective_aggregation == "normalize_then_sum" and (
@@ -264,6 +254,35 @@ class Config:
                 raise ConfigError(f"ref_model_mixup_alpha: must be in (0, 1], got {self.ref_model_mixup_alpha}")
             if self.ref_model_sync_steps < 1:
                 raise ConfigError(f"ref_model_sync_steps: must be >= 1, got {self.ref_model_sync_steps}")
+
+    def _validate_loss_type(self) -> None:
+        """What the chosen loss type declares (objectives/registry.py): its levels, token weights, delta; and the
+        options of every loss type that has fields here (so a bad clip_cov_ratio is refused whatever the loss)."""
+        entry = get_loss(self.loss_type)
+        if self.importance_sampling_level not in entry.levels:
+            raise ConfigError(f"importance_sampling_level: {self.loss_type} takes {', '.join(entry.levels)}, not "
+                              f"{self.importance_sampling_level!r}")
+        if self.use_vllm and self.vllm_importance_sampling_correction and not entry.takes_token_weights:
+            raise ConfigError(f"vllm_importance_sampling_correction: {self.loss_type} has no per-token loss to weight; "
+                              "switch the correction off or use another loss_type")
+        clip_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.delta is not None and entry.takes_delta and not self.delta > 1 + clip_high:
+            raise ConfigError(f"delta: {self.delta} must be > 1 + epsilon_high = {1 + clip_high} (it caps the ratio "
+                              "above the clip range; verl's dual-clip c)")
+        for other in LOSSES.values():
+            try:
+                other.make_options({name: getattr(self, name) for name in other.option_names if hasattr(self, name)})
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        try:
+            entry.make_options(self.policy_loss_options())
+        except (ValueError, TypeError) as error:  # TypeError: a value the options' checks cannot compare
+            raise ConfigError(f"loss_options: {error}") from None
+
+    def policy_loss_options(self) -> dict:
+        """The chosen loss type's own options, by name: its Config fields, overridden by loss_options."""
+        names = get_loss(self.loss_type).option_names
+        return {name: getattr(self, name) for name in names if hasattr(self, name)} | (self.loss_options or {})
 
     @property
     def group_size(self) -> int:

@@ -42,7 +42,7 @@ from .engines import make_engine
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import load_policy, reference_policy, refresh_reference, resolve_device
-from .objectives import CONFIG_OPTIONS, policy_loss
+from .objectives import AGGREGATIONS, get_loss, policy_loss
 from .rewards import reward_names
 from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
 from .run_log import RunLog
@@ -184,7 +184,7 @@ def grpo_update(model, optimizer, inputs: dict, cfg: Config, *, max_completion_l
             for micro in mb.split(len(mb) // cfg.gradient_accumulation_steps):
                 loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
                                                num_items_in_batch=num_tokens / cfg.steps_per_generation / W)
-                if cfg.gradient_accumulation_steps > 1 or (cfg.loss_type == "bnpo" and W > 1):
+                if cfg.gradient_accumulation_steps > 1 or (micro_batch_share(cfg.loss_type) == "tokens" and W > 1):
                     loss = loss * loss_share(cfg.loss_type, loss_mask, micro, mb)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
@@ -215,7 +215,9 @@ def micro_batch_loss(model, inputs: dict, rows: torch.Tensor, cfg: Config, max_c
         beta=0.0 if ref_logp is None else cfg.beta, ref_logp=ref_logp, kl_estimator=cfg.kl_estimator,
         max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
         token_weights=pick("is_weight"), sampling_logp=pick("sampling_logp"), entropies=entropy,
-        **{name: getattr(cfg, name) for name in CONFIG_OPTIONS},  # vespo_k_pos=cfg.vespo_k_pos, ...
+        use_bias_correction_kl=cfg.use_bias_correction_kl, off_policy_mask_threshold=cfg.off_policy_mask_threshold,
+        top_entropy_quantile=cfg.top_entropy_quantile, entropy_coef=cfg.entropy_coef,
+        **cfg.policy_loss_options(),  # the loss type's own options (vespo_k_pos=..., clip_cov_ratio=...)
     )
     completion_mask = ids[3]
     stats.update(tokens=completion_mask.sum().item(),
@@ -223,8 +225,9 @@ def micro_batch_loss(model, inputs: dict, rows: torch.Tensor, cfg: Config, max_c
     return loss, stats
 
 
-# Aggregations that average over completions: a micro-batch's loss counts by its share of the mini-batch's rows.
-SEQUENCE_MEAN_LOSSES = ("grpo", "sapo", "gmpo", "dr_grpo", "luspo")
+def micro_batch_share(loss_type: str) -> str:
+    """"rows", "tokens" or "none": how the loss type's aggregation splits over micro-batches (objectives/aggregation.py)."""
+    return AGGREGATIONS[get_loss(loss_type).aggregation].micro_batch_share
 
 
 def loss_share(loss_type: str, loss_mask: torch.Tensor, micro: torch.Tensor, mini: torch.Tensor) -> torch.Tensor | float:
@@ -235,9 +238,10 @@ def loss_share(loss_type: str, loss_mask: torch.Tensor, micro: torch.Tensor, min
         mean over tokens (bnpo)                      tokens(micro) * W / tokens(mini, all processes)
         sum / num_items_in_batch (dapo, cispo, ...)  1: the normaliser is already the mini-batch's
     """
-    if loss_type in SEQUENCE_MEAN_LOSSES:
+    share = micro_batch_share(loss_type)
+    if share == "rows":
         return len(micro) / len(mini)
-    if loss_type == "bnpo":
+    if share == "tokens":
         micro_tokens = loss_mask[micro].sum()
         return micro_tokens * distributed.world_size() / distributed.all_reduce_sum(loss_mask[mini].sum()).clamp(min=1)
     return 1.0

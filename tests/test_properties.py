@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from minigrpo.advantages import group_advantages, process_advantages, rloo_advantages
 from minigrpo.kl import KL_ESTIMATORS, kl_divergence
-from minigrpo.objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, policy_loss
+from minigrpo.objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LOSSES, policy_loss
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -235,8 +235,9 @@ def test_policy_loss_and_gradient_finite(loss_type, level, batch):
     call = lambda: policy_loss(  # noqa: E731
         logp, old_logp, adv, mask, loss_type=loss_type, importance_sampling_level=level, **kwargs
     )
-    if loss_type == "gmpo" and (level != "token" or adv.dim() == 2):
-        with pytest.raises(ValueError):  # documented: GMPO builds its own sequence ratio from (B,) advantages
+    entry = LOSSES[loss_type]
+    if level not in entry.levels or (entry.sequence_advantages_only and adv.dim() == 2):
+        with pytest.raises(ValueError):  # declared by the loss type, e.g. GMPO's own sequence ratio from (B,) advantages
             call()
         return
     loss, stats = call()

@@ -16,6 +16,8 @@ importance weighting at all — not the paper's algorithm. Pass `epsilon_high=0.
 
 import torch
 
+from .registry import Surrogate, SurrogateInputs, register_loss
+
 CISPO_DEFAULT_EPSILON_MAX = 5.0  # the cap when epsilon_high is unset (ScaleRL); TRL would use epsilon = 0.2
 
 
@@ -23,3 +25,9 @@ def cispo_surrogate(ratio: torch.Tensor, adv: torch.Tensor, logp: torch.Tensor, 
     """Per-token -sg[min(rho, eps_max)] * A * log pi. ratio (B, T) or (B, 1); logp (B, T)."""
     weight = torch.clamp(ratio, max=epsilon_max).detach()
     return -weight * adv * logp
+
+
+@register_loss("cispo", aggregation="token_sum", default_epsilon_high=CISPO_DEFAULT_EPSILON_MAX)
+def cispo_loss(x: SurrogateInputs, opts) -> Surrogate:
+    """epsilon_high is eps_max; CISPO only caps the weight from above (TRL's cispo_clip_ratio counts against it)."""
+    return Surrogate(cispo_surrogate(x.ratio, x.adv, x.logp, x.epsilon_high), clip_range=(0.0, x.epsilon_high))

@@ -16,9 +16,13 @@ Aggregated over tokens like DAPO. Defaults are verl's: clip_cov_ratio 2e-4, cov_
 unless one is passed (verl uses the global one: same seed, same tokens).
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .common import token_covariance
+from .common import masked_mean, token_covariance
+from .grpo import clipped_surrogate
+from .registry import Surrogate, SurrogateInputs, register_loss
 
 
 def clip_cov_keep(
@@ -46,3 +50,27 @@ def clip_cov_keep(
     keep = torch.ones_like(mask)
     keep[picked[:, 0], picked[:, 1]] = 0.0
     return keep
+
+
+@dataclass(frozen=True)
+class ClipCovOptions:
+    clip_cov_ratio: float = 2e-4  # verl: the fraction of tokens detached, among those with cov in (lb, ub)
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+
+    def __post_init__(self):
+        if not 0 < self.clip_cov_ratio <= 1:
+            raise ValueError(f"clip_cov_ratio: must be in (0, 1], got {self.clip_cov_ratio}")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb: {self.clip_cov_lb} must be below clip_cov_ub ({self.clip_cov_ub})")
+
+
+@register_loss("clip_cov", aggregation="token_sum", options=ClipCovOptions, levels=("token",), takes_delta=True)
+def clip_cov_loss(x: SurrogateInputs, opts: ClipCovOptions) -> Surrogate:
+    """PPO-clip with a few high-covariance tokens' losses zeroed (detached)."""
+    clipped_ratio = torch.clamp(x.ratio, 1 - x.epsilon_low, 1 + x.epsilon_high)
+    keep = clip_cov_keep(-x.ratio * x.adv, -clipped_ratio * x.adv, x.adv, x.logp, x.mask, opts.clip_cov_ratio,
+                         opts.clip_cov_lb, opts.clip_cov_ub, x.generator)  # (B, T)
+    per_token_loss = clipped_surrogate(x.ratio, x.adv, x.epsilon_low, x.epsilon_high, x.delta) * keep
+    return Surrogate(per_token_loss, clip_range=(1 - x.epsilon_low, 1 + x.epsilon_high),
+                     stats={"clip_cov/detached_frac": masked_mean(1 - keep, x.mask).item()})

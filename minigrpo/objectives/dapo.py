@@ -14,6 +14,9 @@ DAPO changes four things; each lives where it acts:
 
 import torch
 
+from .grpo import ppo_clip
+from .registry import register_loss
+
 
 def dapo_aggregate(
     per_token_loss: torch.Tensor, mask: torch.Tensor, num_items_in_batch: float | torch.Tensor | None = None
@@ -26,3 +29,6 @@ def dapo_aggregate(
     """
     n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
     return (per_token_loss * mask).sum() / n.clamp(min=1.0)
+
+
+register_loss("dapo", aggregation="token_sum", takes_delta=True)(ppo_clip)  # Clip-Higher: set epsilon_high=0.28

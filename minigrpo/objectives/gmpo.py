@@ -15,9 +15,13 @@ The paper's range is (-0.4, 0.4): wider than GRPO's, since the geometric mean is
 single tokens.
 """
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from .common import sequence_mean
+from .registry import Surrogate, SurrogateInputs, register_loss
 
 
 def gmpo_sequence_ratio(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, epsilon: float = 0.4):
@@ -36,3 +40,21 @@ def gmpo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tenso
     gives an empty sequence 0) is L. log_ratio (B, T); adv (B, 1); mask (B, T)."""
     ratio, _ = gmpo_sequence_ratio(log_ratio, adv.squeeze(-1), mask, epsilon)  # (B,)
     return -adv * ratio.unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class GmpoOptions:
+    gmpo_epsilon: float = 0.4  # the log-space clip range (the paper's (-0.4, 0.4))
+
+    def __post_init__(self):
+        if not self.gmpo_epsilon > 0:
+            raise ValueError(f"gmpo_epsilon: must be > 0, got {self.gmpo_epsilon}")
+
+
+@register_loss("gmpo", aggregation="sequence_mean", options=GmpoOptions, levels=("token",),
+               takes_token_weights=False, sequence_advantages_only=True)
+def gmpo_loss(x: SurrogateInputs, opts: GmpoOptions) -> Surrogate:
+    """GMPO builds its own sequence ratio from token log-ratios and (B,) advantages; no per-token loss to weight.
+    Its clip diagnostics count token ratios outside [e^-eps, e^eps] (log-ratios clipped at +-eps)."""
+    eps = opts.gmpo_epsilon
+    return Surrogate(gmpo_surrogate(x.token_log_ratio, x.adv, x.mask, eps), clip_range=(math.exp(-eps), math.exp(eps)))

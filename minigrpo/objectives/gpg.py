@@ -14,7 +14,14 @@ verl names this loss "gpg" (core_algos.compute_policy_loss_gpg); aggregated like
 
 import torch
 
+from .registry import Surrogate, SurrogateInputs, register_loss
+
 
 def gpg_surrogate(adv: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """Per-token -A * log pi. adv (B, 1) or (B, T); logp (B, T), 0 on padding."""
     return -adv * logp
+
+
+@register_loss("gpg", aggregation="token_sum", levels=("token",))
+def gpg_loss(x: SurrogateInputs, opts) -> Surrogate:
+    return Surrogate(gpg_surrogate(x.adv, x.logp))  # no ratio, nothing clipped

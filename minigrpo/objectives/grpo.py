@@ -23,6 +23,7 @@ checks it against verl's compute_policy_loss_vanilla. verl also clamps log rho t
 import torch
 
 from .common import sequence_mean
+from .registry import Surrogate, SurrogateInputs, register_loss
 
 
 def clipped_surrogate(
@@ -58,3 +59,13 @@ def bnpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Te
     where bnpo normalises each micro-batch by its own token count.
     """
     return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def ppo_clip(x: SurrogateInputs, opts) -> Surrogate:
+    """PPO-clip as a loss type's surrogate, its clip diagnostics counted against [1 - eps_low, 1 + eps_high]."""
+    per_token_loss = clipped_surrogate(x.ratio, x.adv, x.epsilon_low, x.epsilon_high, x.delta)
+    return Surrogate(per_token_loss, clip_range=(1 - x.epsilon_low, 1 + x.epsilon_high))
+
+
+register_loss("grpo", aggregation="sequence_mean", takes_delta=True)(ppo_clip)
+register_loss("bnpo", aggregation="token_mean", takes_delta=True)(ppo_clip)

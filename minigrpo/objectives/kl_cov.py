@@ -14,9 +14,12 @@ No clipping anywhere. Aggregated over tokens like DAPO. Defaults are verl's: kl_
 lower the entropy, so minigrpo leaves them unpenalised and a batch with no signal has loss 0.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .common import token_covariance
+from .common import masked_mean, token_covariance
+from .registry import Surrogate, SurrogateInputs, register_loss
 
 
 def kl_cov_penalised(adv: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor,
@@ -38,3 +41,20 @@ def kl_cov_surrogate(ratio: torch.Tensor, adv: torch.Tensor, log_ratio: torch.Te
                      ppo_kl_coef: float = 1.0) -> torch.Tensor:
     """Per-token -rho A + ppo_kl_coef * |log rho| on the penalised tokens. ratio/log_ratio (B, T) or (B, 1)."""
     return -ratio * adv + ppo_kl_coef * log_ratio.abs() * penalised
+
+
+@dataclass(frozen=True)
+class KlCovOptions:
+    kl_cov_ratio: float = 2e-4  # verl: the fraction of tokens penalised (largest covariance)
+    ppo_kl_coef: float = 1.0  # verl: the coefficient on |log rho|
+
+    def __post_init__(self):
+        if not 0 < self.kl_cov_ratio <= 1:
+            raise ValueError(f"kl_cov_ratio: must be in (0, 1], got {self.kl_cov_ratio}")
+
+
+@register_loss("kl_cov", aggregation="token_sum", options=KlCovOptions, levels=("token",))
+def kl_cov_loss(x: SurrogateInputs, opts: KlCovOptions) -> Surrogate:
+    penalised = kl_cov_penalised(x.adv, x.logp, x.mask, opts.kl_cov_ratio)  # (B, T)
+    per_token_loss = kl_cov_surrogate(x.ratio, x.adv, x.log_ratio, penalised, opts.ppo_kl_coef)
+    return Surrogate(per_token_loss, stats={"kl_cov/penalised_frac": masked_mean(penalised, x.mask).item()})

@@ -10,7 +10,12 @@ gradually. Negative-advantage tokens use a slightly higher temperature (TRL defa
 Aggregated like GRPO (sequence mean of token means), as TRL does.
 """
 
+from dataclasses import dataclass
+
 import torch
+
+from .common import masked_mean
+from .registry import Surrogate, SurrogateInputs, register_loss
 
 
 def sapo_surrogate(
@@ -32,3 +37,22 @@ def sapo_gate_slope(
     tau = torch.where(adv > 0, temperature_pos, temperature_neg)
     sig = torch.sigmoid(tau * (ratio - 1))
     return 4 * sig * (1 - sig)
+
+
+@dataclass(frozen=True)
+class SapoOptions:
+    sapo_temperature_pos: float = 1.0  # tau for A > 0 (TRL's default)
+    sapo_temperature_neg: float = 1.05  # tau for A <= 0
+
+    def __post_init__(self):
+        if not (self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0):
+            raise ValueError("sapo_temperature_pos, sapo_temperature_neg: must be > 0")
+
+
+@register_loss("sapo", aggregation="sequence_mean", options=SapoOptions)
+def sapo_loss(x: SurrogateInputs, opts: SapoOptions) -> Surrogate:
+    """SAPO clips nothing: its diagnostic is the gate's mean slope (1 = the plain policy gradient)."""
+    taus = (opts.sapo_temperature_pos, opts.sapo_temperature_neg)
+    slope = sapo_gate_slope(x.ratio, x.adv, *taus)
+    return Surrogate(sapo_surrogate(x.ratio, x.adv, *taus),
+                     stats={"sapo/gate_slope_mean": masked_mean(slope.detach(), x.mask).item()})

@@ -20,8 +20,12 @@ each token's loss.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from .common import masked_mean
+from .registry import Surrogate, SurrogateInputs, register_loss
 
 LOG_W_MIN = math.log(1e-8)  # TRL clamps log W (and each log sampler weight) to [log 1e-8, 20]
 
@@ -57,3 +61,19 @@ def vespo_weight(
 def vespo_surrogate(phi: torch.Tensor, adv: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """Per-token -sg[phi(W)] * A * log pi. phi, adv (B, 1) or (B, T); logp (B, T)."""
     return -phi * adv * logp
+
+
+@dataclass(frozen=True)
+class VespoOptions:
+    vespo_k_pos: float = 2.0  # phi(W) = W^k e^(lambda (1 - W)) for A >= 0 ...
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # ... and for A < 0 (TRL's defaults)
+    vespo_lambda_neg: float = 2.0
+
+
+@register_loss("vespo", aggregation="token_sum", options=VespoOptions, folds_token_weights=True)
+def vespo_loss(x: SurrogateInputs, opts: VespoOptions) -> Surrogate:
+    """The sampler correction (token_weights) goes into W, not onto each token's loss. Clips nothing."""
+    phi = vespo_weight(x.token_log_ratio, x.adv, x.mask, x.token_weights, opts.vespo_k_pos, opts.vespo_lambda_pos,
+                       opts.vespo_k_neg, opts.vespo_lambda_neg)  # (B, 1) or (B, T)
+    return Surrogate(vespo_surrogate(phi, x.adv, x.logp), stats={"vespo/phi_seq_mean": masked_mean(phi, x.mask).item()})
