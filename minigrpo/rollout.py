@@ -287,3 +287,45 @@ def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]
     return _masked_rollout(tokenizer, prompt_rows.repeat_interleave(num_generations, dim=0),  # row i*G + g: prompt i
                            prompt_mask.repeat_interleave(num_generations, dim=0), completion, mask,
                            torch.tensor(truncated), pad, sampling_logp)
+
+
+@torch.no_grad()
+def continue_from_ids(model, tokenizer, input_ids: list[list[int]], *, max_new_tokens: list[int],
+                      temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
+                      use_hf_generate: bool = False) -> list[list[int]]:
+    """One continuation per row of token ids, each row with its own budget: the next turn of a multi-turn rollout.
+
+    input_ids: N rows of ids (a prompt, earlier turns, a tool message: never re-tokenized here).
+    Returns N lists: the ids sampled, up to and including the first eos, at most max_new_tokens[i].
+
+    The rows are left-padded and decoded together (``decode`` with num_generations=1, or HF ``generate`` with
+    ``use_hf_generate``) for the largest budget; each row is then cut at its own. Cutting is exact, not an
+    approximation: a token is sampled from the tokens before it only, so what a row samples past its budget has no
+    say in what it sampled before. Rows with a budget of 0 get [] and are not decoded.
+    """
+    if len(max_new_tokens) != len(input_ids):
+        raise ValueError(f"max_new_tokens has {len(max_new_tokens)} budgets for {len(input_ids)} rows")
+    out: list[list[int]] = [[] for _ in input_ids]
+    rows = [i for i, budget in enumerate(max_new_tokens) if budget > 0]
+    if not rows:
+        return out
+    device = next(model.parameters()).device
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    ids, mask = left_pad([list(input_ids[i]) for i in rows], pad_id)  # (n, P) each
+    ids, mask, longest = ids.to(device), mask.to(device), max(max_new_tokens[i] for i in rows)
+    was_training = model.training
+    model.eval()
+    if use_hf_generate:
+        config = generation_config(model, tokenizer, max_completion_length=longest, temperature=temperature,
+                                   top_p=top_p, do_sample=do_sample)
+        sampled = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, ids.shape[1]:]
+    else:
+        sampled = decode(model, ids, mask, num_generations=1, max_new_tokens=longest, temperature=temperature,
+                         top_p=top_p, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id)  # (n, <= longest)
+    model.train(was_training)
+    for row, tokens in zip(rows, sampled.tolist(), strict=True):
+        tokens = tokens[: max_new_tokens[row]]
+        first_eos = next((t for t, tok in enumerate(tokens) if tok in eos_ids), None)
+        out[row] = tokens if first_eos is None else tokens[: first_eos + 1]
+    return out

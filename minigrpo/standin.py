@@ -11,9 +11,12 @@ takes the real model's path:
     are spelled digit by digit), byte-level BPE (any text round-trips exactly), a byte-level decoder;
   * the special tokens after the ordinary vocabulary, as in Qwen2.5: `<|endoftext|>` (padding, and what a base
     model ends text with), `<|im_start|>`, `<|im_end|>` (the end of a chat turn, the tokenizer's eos); no bos token;
-  * the ChatML template: `<|im_start|>role\\n...<|im_end|>\\n` per message, a default system message when the
-    conversation has none, `add_generation_prompt` opening the assistant's turn, and Qwen3's `enable_thinking=False`
-    closing an empty `<think>` block there;
+  * the ChatML template, Qwen2.5-Instruct's own (`CHATML_TEMPLATE`): `<|im_start|>role\\n...<|im_end|>\\n` per
+    message, a default system message when the conversation has none, `add_generation_prompt` opening the
+    assistant's turn, and Qwen3's `enable_thinking=False` closing an empty `<think>` block there; with `tools=` the
+    tools' JSON schemas in the system message, assistant `tool_calls` as `<tool_call>` blocks and `tool` messages as
+    `<tool_response>` blocks in a user turn, exactly as Qwen2.5 writes them; `<tool_call>` and `</tool_call>` are
+    single added tokens that are not special, as in Qwen2.5's tokenizer;
   * the generation config Qwen2.5-Instruct ships: both ends of text as eos, and its sampling defaults (top_k=20,
     top_p=0.8, temperature=0.7, repetition_penalty=1.05), which a GRPO sampler must not inherit (rollout.py);
   * `Qwen2ForCausalLM` with tied embeddings, grouped-query attention, biases on q/k/v, rope_theta 1e6, sdpa attention.
@@ -29,6 +32,7 @@ from pathlib import Path
 __all__ = ["CHATML_TEMPLATE", "make_standin_chat_model"]
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # added tokens in Qwen2.5, but not special ones
 
 # Qwen2.5's pre-tokenizer (tokenizer.json, "Split" before "ByteLevel"): contractions, words with one leading
 # non-letter, single digits (\p{N}, not GPT-4's \p{N}{1,3}), punctuation runs, newlines, spaces.
@@ -37,20 +41,71 @@ QWEN2_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\
 
 DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
 
-# Qwen2.5-Instruct's template without tool calls (its default system message is "You are Qwen, created by Alibaba
-# Cloud. ..."; Qwen2-Instruct's, used here, is the plain sentence above), plus Qwen3's enable_thinking=false.
-CHATML_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM_MESSAGE + "<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
+# Qwen2.5-Instruct's chat template, word for word (TRL ships it as trl/chat_templates/qwen2_5.jinja), with two
+# changes: the default system message is Qwen2-Instruct's plain sentence above (Qwen2.5's is "You are Qwen, created
+# by Alibaba Cloud. You are a helpful assistant."), and Qwen3's enable_thinking=false closes an empty think block
+# after the generation prompt. With `tools=[schema, ...]` it writes the system message's "# Tools" section with one
+# JSON schema a line inside <tools></tools>; an assistant message's `tool_calls` become
+# `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks; and consecutive `tool` messages share one
+# user turn, each in <tool_response></tool_response>.
+CHATML_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'DEFAULT_SYSTEM_MESSAGE' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nDEFAULT_SYSTEM_MESSAGE<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+""".replace("DEFAULT_SYSTEM_MESSAGE", DEFAULT_SYSTEM_MESSAGE)
 
 
 def _training_text() -> list[str]:
@@ -91,6 +146,18 @@ def _training_text() -> list[str]:
         "Please write your reasoning first, then give only the number as the final answer.",
         "Hint: the greatest common divisor of 48 and 18 is 6, and their least common multiple is 144.",
         "Python, JSON and YAML files: {\"prompt\": \"What is 1 + 1?\", \"answer\": \"2\"}",
+        # The shapes of a tool-calling conversation: the template's "# Tools" section, a call, a response.
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+        "function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": "
+        "{\"name\": \"calculator\", \"description\": \"Evaluate an arithmetic expression.\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"expression\": {\"type\": \"string\", \"description\": "
+        "\"The expression.\"}}, \"required\": [\"expression\"]}, \"return\": {\"type\": \"string\"}}}\n</tools>",
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        "<args-json-object>}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print(48 + 24)\"}}\n</tool_call>",
+        "user\n<tool_response>\n72\n</tool_response>\nuser\n<tool_response>\nError: ZeroDivisionError: division "
+        "by zero\n</tool_response>",
     ]
     names = ["Tom", "Anna", "James", "Maria", "Liam", "Sofia", "Noah", "Emma"]
     things = ["apples", "books", "marbles", "cookies", "dollars", "pencils", "stickers", "eggs"]
@@ -108,7 +175,7 @@ def _training_text() -> list[str]:
 
 def _make_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE trained on `texts`, Qwen2.5's pipeline and special tokens, wrapped for transformers."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
@@ -123,6 +190,10 @@ def _make_tokenizer(texts: list[str], vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(texts, trainer=trainer)
+    # Qwen2.5 writes a tool call between <tool_call> and </tool_call>, each one added token that is not special
+    # (decoding with skip_special_tokens keeps them). Added before the special tokens so that these keep the last ids.
+    bpe.add_tokens([AddedToken(TOOL_CALL_START, special=False, normalized=False),
+                    AddedToken(TOOL_CALL_END, special=False, normalized=False)])
     # Added after training, so that they take the last ids, in Qwen2.5's order (151643, 151644, 151645).
     bpe.add_special_tokens([ENDOFTEXT, IM_START, IM_END])
     tokenizer = PreTrainedTokenizerFast(
@@ -138,16 +209,16 @@ def make_standin_chat_model(out_dir, *, hidden_size: int = 64, num_layers: int =
                             initializer_range: float = 0.5, seed: int = 0, texts: list[str] | None = None) -> Path:
     """Build the stand-in and save model + tokenizer to `out_dir` (save_pretrained format); returns the path.
 
-    vocab_size: the most tokens in all, the three special ones included; a small text supports fewer merges (the
-    built-in text gives 973). texts: what the tokenizer is trained on (default: ~400 built-in lines shaped like the
-    tasks' prompts and answers). Weights are drawn from N(0, initializer_range) with torch seeded by `seed`; the
-    caller's random state is left as it was. The defaults give 186k parameters, built and saved in ~0.1 s (plus
-    ~1.5 s of imports the first time in a process).
+    vocab_size: the most tokens in all, the five added ones included (two tool-call tokens, three special ones); a
+    small text supports fewer merges (the built-in text fills all 1,000). texts: what the tokenizer is trained on
+    (default: ~400 built-in lines shaped like the tasks' prompts, answers and tool calls). Weights are drawn from
+    N(0, initializer_range) with torch seeded by `seed`; the caller's random state is left as it was. The defaults
+    give 187k parameters, built and saved in ~0.1 s (plus ~1.5 s of imports the first time in a process).
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = _make_tokenizer(texts if texts is not None else _training_text(), vocab_size - 3)
+    tokenizer = _make_tokenizer(texts if texts is not None else _training_text(), vocab_size - 5)
     endoftext, im_end = tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_END])
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
