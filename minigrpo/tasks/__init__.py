@@ -9,7 +9,8 @@
 Known tasks: ``addition`` (fixed format) and ``think_addition`` (the policy chooses how long
 it thinks), with shipped tiny models (``scripts/make_tiny_world.py`` rebuilds their data and models);
 for real models: ``countdown`` (generated, data/tasks/countdown), ``gsm8k`` (hub or a local copy) and ``answer`` (your own prompt + answer rows), graded
-in the R1 answer format (answers.py).
+in the R1 answer format (answers.py); ``reasoning_gym`` (reasoning-gym's ~100 generated tasks, scored by their own
+verifiers in an isolated worker: reasoning_gym.py, isolation.py).
 """
 
 from ..config import ConfigError
@@ -18,10 +19,11 @@ from .answers import AnswerTask
 from .base import DATA_DIR, DataError, Task
 from .countdown import CountdownTask
 from .gsm8k import Gsm8kTask
+from .reasoning_gym import ReasoningGymTask
 from .think_addition import ThinkAdditionTask
 
 TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), CountdownTask(), AnswerTask(),
-                                                Gsm8kTask())}
+                                                Gsm8kTask(), ReasoningGymTask())}
 
 
 def get_task(name: str) -> Task:
@@ -32,4 +34,4 @@ def get_task(name: str) -> Task:
 
 
 __all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "CountdownTask", "Gsm8kTask",
-           "get_task"]
+           "ReasoningGymTask", "get_task"]

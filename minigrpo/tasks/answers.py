@@ -7,8 +7,12 @@ answer inside ``<answer>``:
 
 The checkers read the answer the way the GRPO recipes for GSM8K do (TRL's and Unsloth's notebooks,
 open-r1): the last ``<answer>...</answer>``; failing that the last ``\\boxed{...}`` (what Qwen's math-tuned
-models write); failing that the last number in the text. Numbers compare after ``normalize_number``
-drops thousands separators, a ``$`` and a zero fraction, so "1,234", "$1234" and "1234.00" all read 1234.
+models write); failing that the last number in the text. Numbers compare by value after ``normalize_number``
+drops thousands separators, a ``$`` and a zero fraction, so "1,234", "$1234" and "1234.00" all read 1234; a
+fraction of two numbers is a number too ("3/4" equals "0.75"; "The answer is 3/4." reads 3/4, not 4).
+
+For LaTeX answers (``\\frac{3}{4}``, ``2\\sqrt{2}``, intervals) ``AnswerTask(grader="math_verify")`` grades with
+math-verify instead (math_verify_grader.py); this numeric checker stays the default and the lesson.
 
 Everything here is plain string work on bounded input: no ``eval``, and nothing that a long or hostile
 completion can turn into an exception.
@@ -16,12 +20,15 @@ completion can turn into an exception.
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from ..rewards import R1_SOFT
 from .base import Task
 
-__all__ = ["AnswerTask", "R1_SYSTEM_PROMPT", "answer_tag", "boxed", "last_number", "normalize_number", "final_answer",
-           "same_answer"]
+__all__ = ["AnswerTask", "R1_SYSTEM_PROMPT", "GRADERS", "answer_tag", "boxed", "last_number", "normalize_number",
+           "number_value", "final_answer", "same_answer"]
+
+GRADERS = ("numeric", "math_verify")  # AnswerTask.grader: this file's checker, or math-verify (math_verify_grader.py)
 
 R1_SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
@@ -31,8 +38,9 @@ R1_SYSTEM_PROMPT = (
 )
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?!\.\d|[\d,]))?")  # "3/4" is one number
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_FRACTION = re.compile(r"(-?[\d,.$]+)\s*/\s*(\d+)")
 MAX_NUMBER_DIGITS = 1000  # a longer digit string is not an answer anyone asked for; it reads as no number
 
 
@@ -84,17 +92,32 @@ def final_answer(text: str) -> str | None:
     return None
 
 
+def number_value(text: str) -> Fraction | None:
+    """The exact value of one number (``normalize_number``'s forms) or of a fraction of two ("3/4", "-1/2"), or
+    None. So "3/4", "0.75" and "6/8" are the same answer."""
+    normal = normalize_number(text)
+    if normal is not None:
+        return Fraction(normal)
+    fraction = _FRACTION.fullmatch(text.strip().rstrip(".").strip())
+    if fraction is None:
+        return None
+    numerator, denominator = normalize_number(fraction[1]), normalize_number(fraction[2])
+    if numerator is None or denominator is None or Fraction(denominator) == 0:
+        return None
+    return Fraction(numerator) / Fraction(denominator)
+
+
 def same_answer(predicted: str | None, reference) -> bool:
-    """Numbers compare by value (``normalize_number``); anything else as stripped, case-folded text."""
+    """Numbers (and fractions) compare by value (``number_value``); anything else as stripped, case-folded text."""
     if predicted is None:
         return False
     reference = str(reference)
-    a, b = normalize_number(predicted), normalize_number(reference)
+    a, b = number_value(predicted), number_value(reference)
     if a is not None and b is not None:
         return a == b
     if a is None and b is not None:  # "<answer>The answer is 42</answer>": the number inside
         inner = last_number(predicted)
-        return inner is not None and normalize_number(inner) == b
+        return inner is not None and number_value(inner) == b
     return predicted.strip().casefold() == reference.strip().casefold()
 
 
@@ -107,16 +130,26 @@ class AnswerTask(Task):
     The completion's final answer (``final_answer``: the ``<answer>`` tag, else ``\\boxed{}``, else the last
     number) must equal the row's ``answer``: by value when both are numbers, else as case-folded text.
     ``is_well_formed`` is the R1 shape ``<think>...</think> <answer>...</answer>``. The task ships no data and
-    no model: ``dataset_name`` and ``model_name_or_path`` are required.
+    no model: ``dataset_name`` and ``model_name_or_path`` are required. ``grader="math_verify"`` grades with
+    math-verify instead (``dataclasses.replace(get_task("answer"), grader="math_verify")``).
     """
 
     name: str = "answer"
     max_completion_length: int = 512  # room for a real model's reasoning; the recipes set their own
+    grader: str = "numeric"  # GRADERS: "numeric" (this file) or "math_verify" (LaTeX answers, isolated worker)
+
+    def __post_init__(self):
+        if self.grader not in GRADERS:
+            raise ValueError(f"grader: {self.grader!r} is not one of {', '.join(GRADERS)}")
 
     def extract_answer(self, completion: str) -> str | None:
         return final_answer(completion)
 
     def is_correct(self, completion: str, answer) -> bool:
+        if self.grader == "math_verify":
+            from .math_verify_grader import math_verify_equal
+
+            return math_verify_equal(completion, answer)
         return same_answer(final_answer(completion), answer)
 
     def is_well_formed(self, completion: str) -> bool:
