@@ -106,13 +106,13 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
                           [1.0] * len(reward_funcs), cfg.max_completion_length)
     _sync(device)
     rollout = clock.stop()
-    inputs = {k: batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "adv")}
-    inputs["loss_mask"] = inputs["completion_mask"]
+    inputs = batch.to(device)
+    inputs.loss_mask = inputs.policy_mask
     model.train()
     stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length)
     _sync(device)
     step = clock.stop()
-    return {"rollout": rollout, "step": step, "tokens": int(inputs["loss_mask"].sum().item()), "loss": stats[0]["loss"]}
+    return {"rollout": rollout, "step": step, "tokens": int(inputs.loss_mask.sum().item()), "loss": stats[0]["loss"]}
 
 
 def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):

@@ -236,6 +236,7 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
     """One GRPO optimizer step on a given batch, with the trainer's own update (`trainer.grpo_update`; on-policy,
     so old_logp = logp.detach()). Returns the loss."""
     from .advantages import group_advantages
+    from .batch import Batch
     from .config import Config
     from .logprobs import completion_logprobs
     from .trainer import grpo_update
@@ -247,7 +248,7 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
         with torch.no_grad():
             ref_logp = completion_logprobs(ref_model, *ids)[0]
     cfg = Config(num_generations=group_size, generation_batch_size=len(rewards), beta=beta)
-    inputs = {**batch, "adv": adv.to(ids[0].device), "loss_mask": batch["completion_mask"], "ref_logp": ref_logp}
+    inputs = Batch.of_completions(*ids, adv=adv.to(ids[0].device), ref_logp=ref_logp)
     return grpo_update(model, optimizer, inputs, cfg, max_completion_length=ids[2].shape[1])[0]["loss"]
 
 

@@ -40,16 +40,20 @@ RENAMED = {
 }
 
 
-def gather_batch(batch: dict, task) -> dict:
-    """What step_metrics reads of a batch, as CPU tensors, concatenated over the processes in rank order (so
-    in the order a one-process run holds the same prompts). With one process: this batch's."""
-    correct = [task.grade(c, r) for c, r in zip(batch["completions"], batch["rows"])]
+def gather_batch(batch, task) -> dict:
+    """What step_metrics reads of a Batch, as CPU tensors, concatenated over the processes in rank order (so
+    in the order a one-process run holds the same prompts). With one process: this batch's. Lengths count the
+    policy's own tokens (tool output left out); with tools, each completion's calls, failed calls and tool turns."""
+    correct = [task.grade(c, r) for c, r in zip(batch.completions, batch.rows)]
     mine = {
-        "rewards": batch["rewards"].cpu(), "adv": batch["adv"].cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
-        "lengths": batch["completion_mask"].sum(1).cpu(), "is_truncated": batch["is_truncated"].cpu(),
-        "rewards_per_func": batch["rewards_per_func"].cpu(), "zero_std_sampled": batch["zero_std_sampled"].cpu(),
-        "sampling_rounds": torch.tensor([batch["sampling_rounds"]]),
+        "rewards": batch.rewards.cpu(), "adv": batch.adv.cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
+        "lengths": batch.policy_mask.sum(1).cpu(), "is_truncated": batch.is_truncated.cpu(),
+        "rewards_per_func": batch.rewards_per_func.cpu(), "zero_std_sampled": batch.zero_std_sampled.cpu(),
+        "sampling_rounds": torch.tensor([batch.sampling_rounds]),
+        **{f"tool_{name}": counts.cpu() for name, counts in batch.tool_counts.items()},
     }
+    if batch.tool_mask is not None:
+        mine["tool_tokens"] = (batch.completion_mask * (1 - batch.tool_mask)).sum(1).cpu()
     ranks = distributed.gather_objects(mine)
     return {key: torch.cat([r[key] for r in ranks]) for key in mine}
 
@@ -97,6 +101,12 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
         "completions/clipped_ratio": batch["is_truncated"].float().mean().item(),
         "sampling_rounds": batch["sampling_rounds"].max().item(),
     }
+    if "tool_calls" in batch:  # TRL's tools/* names, and how many tokens were the tool's
+        calls = batch["tool_calls"].float()
+        row["tools/call_frequency"] = calls.mean().item()
+        row["tools/failure_frequency"] = batch["tool_failed"].sum().item() / max(calls.sum().item(), 1.0)
+        row["tools/turns_mean"] = batch["tool_turns"].float().mean().item()
+        row["tools/tool_tokens_mean"] = batch["tool_tokens"].float().mean().item()
     for j, name in enumerate(reward_names):
         col = batch["rewards_per_func"][:, j]
         row[f"rewards/{name}/mean"] = col.nanmean().item()

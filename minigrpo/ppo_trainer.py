@@ -1,7 +1,7 @@
 """The PPO-with-a-critic training loop: trainer.train's loop with GRPO's group baseline replaced by a value network.
 
     for each step:
-        sample    G completions for each of (generation_batch_size / G) prompts      trainer.collect_batch
+        sample    G completions for each of (generation_batch_size / G) prompts      batch.collect_batch
         score     every completion with every reward function                          rewards.py, tasks/
         targets   V(s_t) of the critic, GAE advantages A_t and returns, per token     ppo_critic.ppo_targets
         optimise  num_ppo_epochs x num_mini_batches steps of pg_loss + vf_coef vf_loss  ppo_critic.ppo_update
@@ -187,11 +187,11 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         with autocast():
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len)
         t_generate = time.perf_counter() - t0
-        rewards = batch["rewards"].to(device)  # (N,)
+        rewards = batch.rewards.to(device)  # (N,)
         if rewards.isnan().any():
             raise RewardError(f"step {step}: {int(rewards.isnan().sum())} completions have no reward (no reward "
                               "function applies); PPO's critic needs one for every completion")
-        ids = {k: batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+        ids = {k: getattr(batch, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
 
         # 3. Targets, before any update: old log-probs, the critic's V(s_t), GAE advantages and returns.
         model.eval()
@@ -202,9 +202,9 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
             targets = ppo_targets(model, value_model, ids, rewards, ref_logp=ref_logp, kl_coef=ppo.kl_coef,
                                   gamma=ppo.gamma, lam=ppo.lam, whiten_advantages=ppo.whiten_advantages,
                                   temperature=cfg.temperature,
-                                  need_old_logp=not on_policy or batch["sampling_logp"] is not None)
+                                  need_old_logp=not on_policy or batch.sampling_logp is not None)
         # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token, as in train().
-        targets["is_weight"], sampling_stats = vllm_correction(cfg, targets["old_logp"], batch["sampling_logp"],
+        targets["is_weight"], sampling_stats = vllm_correction(cfg, targets["old_logp"], batch.sampling_logp,
                                                                ids["completion_mask"])
 
         # 4. Optimise policy and critic together.
@@ -222,20 +222,20 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
 
         # 5. Log one line: GRPO's metrics (with `advantages` = PPO's raw GAE advantage of each completion's first
         #    token), then the critic's and the two estimators' variances on this same batch.
-        grpo_adv = batch["adv"]  # group_advantages(rewards, G) as GRPO would train on it, (N,)
-        batch["adv"] = targets["raw_adv"][:, 0].cpu()
+        grpo_adv = batch.adv  # group_advantages(rewards, G) as GRPO would train on it, (N,)
+        batch.adv = targets["raw_adv"][:, 0].cpu()
         gathered = gather_batch(batch, task)
         row = {"step": step, **step_metrics(gathered, step_stats, log.reward_names)}
         row.update({k: fmean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
         row.update(targets["stats"])
-        centred, _ = group_advantages(batch["rewards"], G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
+        centred, _ = group_advantages(batch.rewards, G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
         row.update({"adv_var/grpo": grpo_adv.var(unbiased=False).item(),
                     "adv_var/grpo_unscaled": centred.var(unbiased=False).item(),
-                    "adv_var/reward": batch["rewards"].var(unbiased=False).item(),
+                    "adv_var/reward": batch.rewards.var(unbiased=False).item(),
                     "grpo_advantages": [round(a, 4) for a in grpo_adv.tolist()]})
         row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
                    step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=batch["completion_mask"].sum().item() / step_seconds, **sampling_stats)
+                   tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats)
         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         log.log(step, row, batch, gathered["correct"].tolist())

@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+from .config import ConfigError
 from .metrics import finite_or_none, json_line
 
 __all__ = ["RunLog", "completion_records", "REPORT_TO"]
@@ -23,27 +24,30 @@ __all__ = ["RunLog", "completion_records", "REPORT_TO"]
 REPORT_TO = ("tensorboard", "wandb")
 
 
-def completion_records(step: int, batch: dict, reward_names: list[str], correct: list[bool], num_groups: int,
+def completion_records(step: int, batch, reward_names: list[str], correct: list[bool], num_groups: int,
                        group_size: int) -> list[dict]:
-    """The first num_groups groups of a batch as completions.jsonl lines: {"step", "group", "prompt", "answer"
+    """The first num_groups groups of a Batch as completions.jsonl lines: {"step", "group", "prompt", "answer"
     (when the row has one), "completions": [{"text", "reward", "rewards": {name: value}, "advantage", "length",
-    "truncated", "correct"}]}. Rewards that no function could score are null."""
+    "truncated", "correct"}]}, and with tools each completion's "messages" (the model's turns and the tool's, as
+    TRL's messages) and "tool_calls". Rewards that no function could score are null. length: the policy's tokens."""
     records = []
-    lengths = batch["completion_mask"].sum(1).long().tolist()
-    for g in range(min(num_groups, len(batch["rows"]) // group_size)):
+    lengths = batch.policy_mask.sum(1).long().tolist()
+    for g in range(min(num_groups, len(batch.rows) // group_size)):
         rows = range(g * group_size, (g + 1) * group_size)
-        first = batch["rows"][rows[0]]
+        first = batch.rows[rows[0]]
         record = {"step": step, "group": g, "prompt": first["prompt"]}
         if "answer" in first:
             record["answer"] = first["answer"]
         record["completions"] = [{
-            "text": batch["completions"][i],
-            "reward": batch["rewards"][i].item(),
-            "rewards": {name: batch["rewards_per_func"][i, j].item() for j, name in enumerate(reward_names)},
-            "advantage": round(batch["adv"][i].item(), 6),
+            "text": batch.completions[i],
+            "reward": batch.rewards[i].item(),
+            "rewards": {name: batch.rewards_per_func[i, j].item() for j, name in enumerate(reward_names)},
+            "advantage": round(batch.adv[i].item(), 6),
             "length": lengths[i],
-            "truncated": bool(batch["is_truncated"][i]),
+            "truncated": bool(batch.is_truncated[i]),
             "correct": bool(correct[i]),
+            **({"messages": batch.messages[i], "tool_calls": int(batch.tool_counts["calls"][i])}
+               if batch.messages is not None else {}),
         } for i in rows]
         records.append(finite_or_none(record))
     return records
@@ -102,7 +106,7 @@ class _TensorBoard:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
-            raise ImportError(f"report_to: tensorboard needs the tensorboard package ({exc}); "
+            raise ConfigError(f"report_to: tensorboard needs the tensorboard package ({exc}); "
                               "pip install tensorboard") from None
         self.writer = SummaryWriter(log_dir=str(out / "tensorboard"))
 
@@ -125,7 +129,7 @@ class _WandB:
         try:
             import wandb
         except ImportError as exc:
-            raise ImportError(f"report_to: wandb needs the wandb package ({exc}); pip install wandb") from None
+            raise ConfigError(f"report_to: wandb needs the wandb package ({exc}); pip install wandb") from None
         self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "minigrpo"), dir=str(out), config=cfg.to_dict(),
                               name=Path(cfg.output_dir).name, mode=os.environ.get("WANDB_MODE", "offline"),

@@ -34,7 +34,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from . import distributed
-from .batch import PromptSampler, collect_batch
+from .batch import Batch, PromptSampler, collect_batch
 from .checkpoint import process_state, save_checkpoint, start_or_resume
 from .config import Config, ConfigError
 from .engine_mismatch import importance_weights, mismatch_stats
@@ -96,24 +96,22 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         with autocast():
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, policy=model, ref_model=ref_model)
         t_generate = time.perf_counter() - t0
-        inputs = {k: batch[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "adv")}
-        ids = [inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
-        inputs["loss_mask"] = inputs["completion_mask"]
-        inputs["sampling_logp"] = None if batch["sampling_logp"] is None else batch["sampling_logp"].to(device)
+        inputs = batch.to(device)
+        ids = (inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask)
+        inputs.loss_mask = inputs.policy_mask  # the policy's own tokens: tool output is context, not an action
         if cfg.mask_truncated_completions:  # DAPO: a cut-off completion teaches nothing about its ending
-            inputs["loss_mask"] = inputs["loss_mask"] * (~batch["is_truncated"].to(device)).unsqueeze(1)
+            inputs.loss_mask = inputs.loss_mask * (~inputs.is_truncated).unsqueeze(1)
 
         # 4. Old and reference log-probs, once per batch, only when needed (with vLLM always: its log-probs are
         #    compared with ours before any update, as TRL does). The policy that sampled has no dropout: eval().
-        needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or batch["sampling_logp"] is not None
+        needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or inputs.sampling_logp is not None
         model.eval()
         with torch.no_grad(), autocast():
-            inputs["old_logp"] = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
+            inputs.old_logp = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
             use_ref = cfg.beta > 0 and not cfg.kl_in_reward
-            inputs["ref_logp"] = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
+            inputs.ref_logp = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
         # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
-        inputs["is_weight"], sampling_stats = vllm_correction(cfg, inputs["old_logp"], batch["sampling_logp"],
-                                                              inputs["loss_mask"])
+        inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         model.train()
@@ -157,22 +155,21 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     return summary
 
 
-def grpo_update(model, optimizer, inputs: dict, cfg: Config, *, max_completion_length: int,
+def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_length: int,
                 autocast=contextlib.nullcontext, step: int = 0) -> list[dict]:
     """Step 5 of the loop: num_iterations passes over the batch, each in steps_per_generation mini-batches, one
     optimizer step per mini-batch. Returns each mini-batch's statistics (policy_loss's, plus loss, grad_norm,
     tokens and entropy).
 
-    inputs, on the model's device, N completions: prompt_ids, prompt_mask (N, P), completion_ids,
-    completion_mask, loss_mask (N, T; the completion mask, less what mask_truncated_completions drops), adv (N,)
-    and old_logp, ref_logp, is_weight, sampling_logp (N, T), each None when not used (old_logp None: on-policy,
-    the ratio is 1).
+    inputs: a Batch on the model's device, N completions, with loss_mask set (the policy's tokens, less what
+    mask_truncated_completions drops) and old_logp, ref_logp, is_weight, sampling_logp each None when not used
+    (old_logp None: on-policy, the ratio is 1).
 
     gradient_accumulation_steps > 1 runs each mini-batch in that many micro-batches (less memory), each loss scaled
     by its share of the mini-batch's normaliser (`loss_share`), gradients summed: the same optimizer step.
     """
-    N, W = inputs["adv"].shape[0], distributed.world_size()
-    loss_mask = inputs["loss_mask"]
+    N, W = inputs.adv.shape[0], distributed.world_size()
+    loss_mask = inputs.loss_mask
     # dapo/cispo divide each mini-batch's summed loss by the batch's tokens per mini-batch (TRL's num_items_in_batch).
     # With W processes the gradients are averaged, so each divides by the global count / W.
     num_tokens = distributed.all_reduce_sum(loss_mask.sum())
@@ -199,29 +196,27 @@ def grpo_update(model, optimizer, inputs: dict, cfg: Config, *, max_completion_l
     return step_stats
 
 
-def micro_batch_loss(model, inputs: dict, rows: torch.Tensor, cfg: Config, max_completion_length: int, autocast,
+def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_completion_length: int, autocast,
                      num_items_in_batch) -> tuple[torch.Tensor, dict]:
     """policy_loss on the given rows of the batch: a forward pass of the policy, then the objective."""
-    pick = lambda key: None if inputs.get(key) is None else inputs[key][rows]  # noqa: E731
-    ids = [inputs[k][rows] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+    mb = inputs.select(rows)
     with autocast():
-        logp, entropy = completion_logprobs(model, *ids, temperature=cfg.temperature, with_entropy=True,
+        logp, entropy = completion_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                            mb.completion_mask, temperature=cfg.temperature, with_entropy=True,
                                             entropy_grad=cfg.entropy_coef > 0)
-    ref_logp = pick("ref_logp")
     loss, stats = policy_loss(
-        logp, logp.detach() if inputs.get("old_logp") is None else inputs["old_logp"][rows], inputs["adv"][rows],
-        inputs["loss_mask"][rows], loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
-        epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, delta=cfg.delta,
-        beta=0.0 if ref_logp is None else cfg.beta, ref_logp=ref_logp, kl_estimator=cfg.kl_estimator,
-        max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
-        token_weights=pick("is_weight"), sampling_logp=pick("sampling_logp"), entropies=entropy,
-        use_bias_correction_kl=cfg.use_bias_correction_kl, off_policy_mask_threshold=cfg.off_policy_mask_threshold,
-        top_entropy_quantile=cfg.top_entropy_quantile, entropy_coef=cfg.entropy_coef,
-        **cfg.policy_loss_options(),  # the loss type's own options (vespo_k_pos=..., clip_cov_ratio=...)
+        logp, logp.detach() if mb.old_logp is None else mb.old_logp, mb.adv, mb.loss_mask, loss_type=cfg.loss_type,
+        importance_sampling_level=cfg.importance_sampling_level, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+        delta=cfg.delta, beta=0.0 if mb.ref_logp is None else cfg.beta, ref_logp=mb.ref_logp,
+        kl_estimator=cfg.kl_estimator, max_completion_length=max_completion_length,
+        num_items_in_batch=num_items_in_batch, token_weights=mb.is_weight, sampling_logp=mb.sampling_logp,
+        entropies=entropy, use_bias_correction_kl=cfg.use_bias_correction_kl,
+        off_policy_mask_threshold=cfg.off_policy_mask_threshold, top_entropy_quantile=cfg.top_entropy_quantile,
+        entropy_coef=cfg.entropy_coef, **cfg.policy_loss_options(),  # the loss type's own (vespo_k_pos=..., ...)
     )
-    completion_mask = ids[3]
-    stats.update(tokens=completion_mask.sum().item(),
-                 entropy=((entropy * completion_mask).sum() / completion_mask.sum().clamp(min=1)).item())
+    policy_mask = mb.policy_mask  # entropy and token counts over the policy's own tokens
+    stats.update(tokens=policy_mask.sum().item(),
+                 entropy=((entropy * policy_mask).sum() / policy_mask.sum().clamp(min=1)).item())
     return loss, stats
 
 

@@ -7,6 +7,7 @@ import torch
 from minigrpo.config import Config
 from minigrpo.logprobs import completion_logprobs
 from minigrpo.models import load_model
+from minigrpo.batch import Batch
 from minigrpo.trainer import grpo_update
 
 
@@ -14,10 +15,10 @@ def test_an_entropy_bonus_alone_moves_the_policy_toward_more_entropy(random_mode
     model = load_model(random_model_dir)
     g = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
-    inputs = {"prompt_ids": torch.randint(3, V, (4, 3), generator=g), "prompt_mask": torch.ones(4, 3, dtype=torch.long),
-              "completion_ids": torch.randint(3, V, (4, 5), generator=g), "completion_mask": torch.ones(4, 5),
-              "loss_mask": torch.ones(4, 5), "adv": torch.zeros(4)}  # advantage 0: no policy gradient at all
-    ids = [inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
+    inputs = Batch.of_completions(torch.randint(3, V, (4, 3), generator=g), torch.ones(4, 3, dtype=torch.long),
+                                  torch.randint(3, V, (4, 5), generator=g), torch.ones(4, 5),
+                                  adv=torch.zeros(4))  # advantage 0: no policy gradient at all
+    ids = [inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask]
     mean_entropy = lambda m: completion_logprobs(m, *ids, with_entropy=True)[1].mean().item()  # noqa: E731
     stats = {}
     for coef in (0.0, 0.5):

@@ -7,21 +7,21 @@ import torch
 
 from minigrpo.config import Config, ConfigError
 from minigrpo.models import load_model
+from minigrpo.batch import Batch
 from minigrpo.trainer import grpo_update, loss_share
 
 N, P, T = 8, 5, 7
 
 
-def batch(vocab: int) -> dict:
+def batch(vocab: int) -> Batch:
     g = torch.Generator().manual_seed(0)
     lengths = torch.tensor([7, 2, 5, 7, 1, 3, 6, 4])  # ragged: token means and sequence means differ
     completion_mask = (torch.arange(T) < lengths[:, None]).float()
-    return {
-        "prompt_ids": torch.randint(3, vocab, (N, P), generator=g), "prompt_mask": torch.ones(N, P, dtype=torch.long),
-        "completion_ids": torch.randint(3, vocab, (N, T), generator=g), "completion_mask": completion_mask,
-        "loss_mask": completion_mask, "adv": torch.randn(N, generator=g),
-        "old_logp": -torch.rand(N, T, generator=g) * 3,  # off-policy: ratios differ from 1, clipping can fire
-    }
+    return Batch.of_completions(
+        torch.randint(3, vocab, (N, P), generator=g), torch.ones(N, P, dtype=torch.long),
+        torch.randint(3, vocab, (N, T), generator=g), completion_mask, adv=torch.randn(N, generator=g),
+        old_logp=-torch.rand(N, T, generator=g) * 3,  # off-policy: ratios differ from 1, clipping can fire
+    )
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo", "gmpo", "cispo", "sapo"])
