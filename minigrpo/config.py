@@ -64,6 +64,16 @@ class Config:
     max_completion_length: int | None = None  # None = the task's own
     temperature: float = 1.0
     top_p: float = 1.0
+    # --- tools (TRL's names; tools/): the model may call functions during its rollout ---
+    # tools by name: python, calculator (tools/builtin.py), or your own as module:function / path/file.py:function,
+    # plain typed functions with a docstring; None = the task's own tools (if any). train(cfg, tools=[...]) also works
+    tools: list[str] | None = None
+    max_tool_calling_iterations: int | None = None  # tool turns per completion (None = as many as the budget allows)
+    tool_timeout: float = 10.0  # minigrpo: seconds a tool call may take; then it is stopped and counts as failed
+    max_tool_output_chars: int = 4000  # minigrpo: a tool's answer is cut to this many characters
+    # minigrpo, for teaching only: leave the tool's tokens in the loss (the policy is then trained to predict what
+    # the tool wrote, the classic multi-turn bug). Never set it to train a model.
+    train_on_tool_output: bool = False
     # --- rewards and advantages ---
     # names (correctness, format, r1_format, r1_format_soft, overlong, random) or your own as module:function or
     # path/to/file.py:function, with TRL's signature (trainer.build_reward_funcs)
@@ -189,6 +199,10 @@ class Config:
         for key in ("eval_num_problems", "eval_limit", "save_total_limit"):  # None allowed where the type says so
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
+            raise ConfigError(f"max_tool_calling_iterations: must be >= 0, got {self.max_tool_calling_iterations}")
+        if not self.tool_timeout > 0 or self.max_tool_output_chars < 1:
+            raise ConfigError("tool_timeout, max_tool_output_chars: must be > 0")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ConfigError("max_completion_length: must be >= 1")
         if not 0 < self.top_p <= 1:

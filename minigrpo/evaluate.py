@@ -32,24 +32,42 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _generate_all(model, tokenizer, prompts, *, num_generations, batch_size, **sampling):
-    """Completions (grouped by prompt) and their lengths, generated ``batch_size`` sequences at a time."""
+def _generate_all(model, tokenizer, prompts, *, num_generations, batch_size, tools=None, **sampling):
+    """Completions (grouped by prompt), their lengths (the policy's tokens) and tool calls per completion, generated
+    ``batch_size`` sequences at a time; with ``tools`` (batch.ToolSetup) through the multi-turn tool loop."""
     prompts_per_batch = max(1, batch_size // num_generations)
-    completions, lengths = [], []
+    completions, lengths, calls = [], [], []
     for start in range(0, len(prompts), prompts_per_batch):
-        rollout = sample_completions(
-            model, tokenizer, prompts[start:start + prompts_per_batch],
-            num_generations=num_generations, **sampling,
-        )
+        chunk = prompts[start:start + prompts_per_batch]
+        if tools is None:
+            rollout = sample_completions(model, tokenizer, chunk, num_generations=num_generations, **sampling)
+            calls += [0] * len(rollout.completions)
+            lengths += rollout.completion_lengths.tolist()
+        else:
+            rollout = _sample_with_tools(model, tokenizer, chunk, num_generations, tools, **sampling)
+            calls += rollout.num_tool_calls.tolist()
+            lengths += rollout.policy_mask.sum(1).tolist()
         completions += rollout.completions
-        lengths += rollout.completion_lengths.tolist()
-    return completions, lengths
+    return completions, lengths, calls
+
+
+def _sample_with_tools(model, tokenizer, prompts, num_generations, tools, *, max_completion_length,
+                       chat_template_kwargs=None, do_sample=True, temperature=1.0):
+    from .engines import GenerateEngine
+    from .tools import sample_with_tools
+
+    return sample_with_tools(GenerateEngine(model, tokenizer), tokenizer, prompts, tools=tools.tools,
+                             num_generations=num_generations, max_completion_length=max_completion_length,
+                             max_tool_calling_iterations=tools.max_tool_calling_iterations, eos_ids=tools.eos_ids,
+                             tool_timeout=tools.tool_timeout, max_tool_output_chars=tools.max_tool_output_chars,
+                             temperature=temperature, do_sample=do_sample, chat_template_kwargs=chat_template_kwargs,
+                             worker=tools.worker)
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256,
              max_completion_length: int | None = None, chat_template_kwargs: dict | None = None,
-             per_problem: bool = False) -> dict:
+             per_problem: bool = False, tools=None) -> dict:
     """Score ``model`` on ``rows`` (dicts with a "prompt" and what ``task.grade`` reads, e.g. "answer").
 
     Always: ``accuracy_greedy``, ``format_greedy`` and ``mean_length_greedy`` (completion
@@ -58,26 +76,29 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
     per problem. ``batch_size`` is the number of sequences generated at once; each completion gets up to
     ``max_completion_length`` tokens (None: the task's own). Conversational prompts go through the chat template
     with ``chat_template_kwargs`` (prompts.py). ``per_problem``: also ``correct_greedy``, one bool per row, for a
-    paired comparison of two models on the same rows (``mcnemar``).
+    paired comparison of two models on the same rows (``mcnemar``). ``tools`` (batch.ToolSetup): completions come
+    from the multi-turn tool loop, and ``tool_calls_greedy`` (tool calls per greedy completion) is reported too.
     """
     prompts = [row["prompt"] for row in rows]
     results = {"num_problems": len(rows)}
     generate = lambda k, **sampling: _generate_all(  # noqa: E731
         model, tokenizer, prompts, num_generations=k, batch_size=batch_size,
         max_completion_length=max_completion_length or task.max_completion_length,
-        chat_template_kwargs=chat_template_kwargs, **sampling)
+        chat_template_kwargs=chat_template_kwargs, tools=tools, **sampling)
 
-    completions, lengths = generate(1, do_sample=False)
+    completions, lengths, calls = generate(1, do_sample=False)
     correct = [bool(task.grade(c, row)) for c, row in zip(completions, rows)]
     results["accuracy_greedy"] = sum(correct) / len(rows)
     if per_problem:
         results["correct_greedy"] = correct
     results["format_greedy"] = sum(task.is_well_formed(c) for c in completions) / len(rows)
     results["mean_length_greedy"] = sum(lengths) / len(lengths)
+    if tools is not None:
+        results["tool_calls_greedy"] = sum(calls) / len(calls)
 
     if num_samples > 0:
         k = num_samples
-        completions, lengths = generate(k, do_sample=True, temperature=temperature)
+        completions, lengths, _ = generate(k, do_sample=True, temperature=temperature)
         correct = [task.grade(c, rows[i // k]) for i, c in enumerate(completions)]  # grouped: row i*k.. is prompt i
         num_correct = [sum(correct[i * k:(i + 1) * k]) for i in range(len(rows))]
         results["accuracy_sampled"] = sum(correct) / len(correct)

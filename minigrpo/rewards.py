@@ -15,15 +15,16 @@ A function that raises, returns the wrong number of values or a non-number stops
 error naming the function and the completion.
 """
 
-import importlib
-import importlib.util
 import math
 import random
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
+
+from .user_code import load_callable
+
+from .errors import MinigrpoError
 
 __all__ = ["RewardError", "completion_text", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled", "load_reward_func",
            "score_completions", "combine_rewards"]
@@ -31,7 +32,7 @@ __all__ = ["RewardError", "completion_text", "r1_format", "r1_format_soft", "ove
 RewardFunc = Callable[..., list]
 
 
-class RewardError(RuntimeError):
+class RewardError(MinigrpoError, RuntimeError):
     """A reward function misbehaved; the message names it and the completion."""
 
 
@@ -110,25 +111,7 @@ def load_reward_func(spec: str) -> RewardFunc:
 
     A spec that does not import, or names no callable, is a one-line RewardError naming the spec.
     """
-    target, _, attr = spec.rpartition(":")
-    if not target or not attr:
-        raise RewardError(f"reward_funcs: {spec!r} is not a known reward name, module:function or file.py:function")
-    try:
-        if target.endswith(".py"):
-            path = Path(target).expanduser()
-            if not path.is_file():
-                raise FileNotFoundError(f"no file {path}")
-            module_spec = importlib.util.spec_from_file_location(f"minigrpo_user_rewards_{path.stem}", path)
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)  # the user's own file, as TRL's --reward_funcs imports modules
-        else:
-            module = importlib.import_module(target)
-        func = getattr(module, attr)
-    except Exception as exc:  # noqa: BLE001 - ImportError, SyntaxError, AttributeError, ...: one line
-        raise RewardError(f"reward_funcs: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
-    if not callable(func):
-        raise RewardError(f"reward_funcs: {spec!r} is a {type(func).__name__}, not a function")
-    return func
+    return load_callable(spec, "reward_funcs", RewardError)
 
 
 def _name(func) -> str:

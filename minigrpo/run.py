@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from .batch import ToolSetup
 from .config import Config, ConfigError
 from .evaluate import evaluate
 from .metrics import run_summary
@@ -15,9 +16,11 @@ from .models import is_quantized, parameter_counts, save_policy
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
 from .rewards import build_reward_funcs
+from .rollout import eos_token_ids
 from .tasks import Task
+from .tools import ToolWorker, load_tools, tool_schemas
 
-__all__ = ["policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "finish_run"]
+__all__ = ["policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "finish_run", "tool_setup"]
 
 
 def policy_path(cfg: Config, task: Task):
@@ -73,10 +76,24 @@ def make_optimizer(cfg: Config, params) -> tuple[torch.optim.Optimizer, torch.op
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
 
-def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: int):
-    """evaluate() with this run's settings: its sampling temperature, completion budget and chat template."""
+def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: int, tools=None):
+    """evaluate() with this run's settings: its sampling temperature, completion budget, chat template and tools."""
     return functools.partial(evaluate, model, tokenizer, task, temperature=cfg.temperature,
-                             max_completion_length=max_completion_length, chat_template_kwargs=cfg.chat_template_kwargs)
+                             max_completion_length=max_completion_length, chat_template_kwargs=cfg.chat_template_kwargs,
+                             tools=tools)
+
+
+def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer) -> ToolSetup | None:
+    """The run's tools (train's `tools=`, else cfg.tools, else the task's own) with a worker to run them, or None.
+    A function without a usable schema (type hints, a docstring) is a one-line error here, before any step."""
+    if tools is None:
+        tools = load_tools(cfg.tools) if cfg.tools else getattr(task, "tools", None)
+    if not tools:
+        return None
+    tool_schemas(tools)
+    worker = ToolWorker({tool.__name__: tool for tool in tools}, max_output_chars=cfg.max_tool_output_chars)
+    return ToolSetup(list(tools), worker, eos_token_ids(model, tokenizer), cfg.max_tool_calling_iterations,
+                     cfg.tool_timeout, cfg.max_tool_output_chars)
 
 
 def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: dict, after: dict,

@@ -44,18 +44,20 @@ from .metrics import gather_batch, gather_stats, step_metrics
 from .models import load_policy, reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
 from .rewards import reward_names
-from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
+from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task, tool_setup
 from .run_log import RunLog
 from .tasks import get_task
 
 __all__ = ["train", "grpo_update"]
 
 
-def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = True) -> dict:
+def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None = None, progress: bool = True) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, completions.jsonl,
     summary.json, plots/}.
 
     reward_funcs: your own reward functions (TRL's signature, see rewards.py); they replace cfg.reward_funcs.
+    tools: plain typed Python functions the model may call (TRL's `tools=`, tools/); they replace cfg.tools and the
+    task's own. With tools, each completion is a multi-turn rollout and the loss learns only the policy's tokens.
     Under `accelerate launch` / `torchrun` with W processes, each one trains on 1/W of every batch
     (distributed.py); rank 0 alone evaluates and writes, and every rank returns the summary.
     """
@@ -70,6 +72,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
     ref_model = reference_policy(model) if cfg.beta > 0 else None
+    tools = tool_setup(cfg, task, tools, model, tokenizer)  # None: single-turn completions
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
     sampler = PromptSampler(train_rows, cfg.seed, distributed.rank(), distributed.world_size())
     out, main = Path(cfg.output_dir), distributed.is_main()
@@ -83,7 +86,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "resume_from_checkpoint": None},
                                                         sort_keys=False))  # resuming is an action, not a setting
     log = RunLog(out, cfg, reward_names(reward_funcs), resume_step=start_step, enabled=main)
-    evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
+    evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     if main and run_state["before"] is None:
         run_state["before"] = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
@@ -94,11 +97,12 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
         t0 = time.perf_counter()
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (batch.py).
         with autocast():
-            batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, policy=model, ref_model=ref_model)
+            batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools)
         t_generate = time.perf_counter() - t0
         inputs = batch.to(device)
         ids = (inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask)
-        inputs.loss_mask = inputs.policy_mask  # the policy's own tokens: tool output is context, not an action
+        # The policy's own tokens: tool output is context, not an action (train_on_tool_output: the bug, for teaching).
+        inputs.loss_mask = inputs.completion_mask if cfg.train_on_tool_output else inputs.policy_mask
         if cfg.mask_truncated_completions:  # DAPO: a cut-off completion teaches nothing about its ending
             inputs.loss_mask = inputs.loss_mask * (~inputs.is_truncated).unsqueeze(1)
 
@@ -143,6 +147,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, progress: bool = Tru
                                 sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
                                 keep=cfg.save_total_limit, process_states=states, ref_model=moving_ref)
     log.close()
+    if tools is not None:
+        tools.worker.close()
 
     summary = None
     if main:  # rank 0 evaluates, saves and writes; every rank returns its summary

@@ -150,6 +150,8 @@ def run_trl(batch, cfg):
             cfg["num_items_in_batch"] if cfg["num_items_in_batch"] is not None else batch["mask"].sum(), dtype=DTYPE
         ),
     }
+    if "tool_mask" in batch:  # multi-turn: TRL's loss acts on completion_mask * tool_mask
+        inputs["tool_mask"] = batch["tool_mask"]
     loss = GRPOTrainer._compute_loss(fake, fake.model, inputs)
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, fake
@@ -161,7 +163,7 @@ def run_minigrpo(batch, cfg):
         logp,
         batch["old_logp"],
         batch["adv"],
-        batch["mask"],
+        batch["mask"] * batch.get("tool_mask", 1.0),  # the policy's tokens: tool output masked out
         loss_type=cfg["loss_type"],
         importance_sampling_level=cfg["level"],
         epsilon=cfg["epsilon"],
@@ -294,3 +296,20 @@ def test_policy_loss_matches_trl(loss_type, level, adv_dim, variant):
         assert seen["delta_active"] > 0, dict(seen)
     if variant["beta"] != 0.0:
         assert seen["kl"] > 0, dict(seen)
+
+
+@pytest.mark.parametrize("loss_type", list(VARIANTS_BY_LOSS))
+def test_policy_loss_with_a_tool_mask_matches_trl(loss_type):
+    """Multi-turn completions: tool-output tokens (tool_mask 0) are left out of the loss, as TRL 1.16 does."""
+    for seed in range(8):
+        batch = make_batch(seed, 1)
+        g = torch.Generator().manual_seed(100 + seed)
+        batch["tool_mask"] = (torch.rand(batch["B"], batch["T"], generator=g) < 0.6).to(DTYPE)
+        cfg = dict(BASE, loss_type=loss_type, level="token", max_completion_length=batch["T"],
+                   epsilon_high=5.0 if loss_type == "cispo" else None,
+                   num_items_in_batch=float((batch["mask"] * batch["tool_mask"]).sum()))
+        trl_loss, trl_grad, _ = run_trl(batch, cfg)
+        mg_loss, mg_grad, _ = run_minigrpo(batch, cfg)
+        torch.testing.assert_close(mg_loss, trl_loss, **TOL)
+        torch.testing.assert_close(mg_grad, trl_grad, **TOL)
+        assert (mg_grad * (1 - batch["tool_mask"])).abs().sum() == 0  # not one tool token learns

@@ -16,11 +16,21 @@ from .environment import EnvironmentPool, environment_rewards, environment_tools
 from .execute import ToolWorker, cut_output, execute_tool_call, tool_output_text
 from .loop import ToolRollout, Turn, sample_with_tools, tool_call_loop
 from .template import encode_as_text, prompt_ids_with_tools, tool_suffix_ids
+from ..config import ConfigError
+from ..user_code import load_callable
+from .builtin import calculator, python
+
+BUILTIN_TOOLS = {"python": python, "calculator": calculator}
+
+
+def load_tools(specs: list[str]) -> list:
+    """Tools by name (python, calculator) or as "module:function" / "path/file.py:function" (config's `tools`)."""
+    return [BUILTIN_TOOLS[spec] if spec in BUILTIN_TOOLS else load_callable(spec, "tools", ConfigError) for spec in specs]
 
 __all__ = [
     "ToolCall", "parse_assistant_turn", "parse_tool_calls", "tool_schema", "tool_schemas",
     "EnvironmentPool", "environment_rewards", "environment_tools", "prompt_with_observation",
     "ToolWorker", "cut_output", "execute_tool_call", "tool_output_text",
     "ToolRollout", "Turn", "sample_with_tools", "tool_call_loop",
-    "encode_as_text", "prompt_ids_with_tools", "tool_suffix_ids",
+    "encode_as_text", "prompt_ids_with_tools", "tool_suffix_ids", "BUILTIN_TOOLS", "load_tools",
 ]
