@@ -157,6 +157,15 @@ class Config:
         self.validate()
 
     def validate(self) -> None:
+        """One-line ConfigErrors naming the field, for every value that does not fit (called on construction)."""
+        self._validate_values()
+        self._validate_model()
+        self._validate_loss_type()
+        self._validate_variants()
+        self._validate_batch_split()
+
+    def _validate_values(self) -> None:
+        """Each field alone: choices from a fixed list or a table, signs and ranges."""
         choices = {
             "scale_rewards": ("group", "batch", "none"),
             "std_type": ("sample", "population"),
@@ -213,6 +222,9 @@ class Config:
             raise ConfigError(
                 f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs"
             )
+
+    def _validate_model(self) -> None:
+        """LoRA, 4-bit weights and vLLM, and what they allow together."""
         if self.load_in_4bit and not self.use_peft:
             raise ConfigError("load_in_4bit: 4-bit weights cannot be trained directly; add use_peft (QLoRA)")
         if self.lora_r < 1:
@@ -226,7 +238,9 @@ class Config:
         if self.use_vllm and self.load_in_4bit:
             raise ConfigError("load_in_4bit: vLLM cannot be given a 4-bit base by minigrpo; with use_vllm set "
                               "load_in_4bit false (LoRA on a float base works)")
-        self._validate_loss_type()
+
+    def _validate_variants(self) -> None:
+        """The options that change which tokens learn, the estimators' settings, GFPO and the reference refresh."""
         if not self.entropy_coef >= 0:
             raise ConfigError(f"entropy_coef: must be >= 0 (a bonus on entropy), got {self.entropy_coef}")
         if not 0 <= self.top_entropy_quantile <= 1:
@@ -243,7 +257,13 @@ class Config:
             raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) normalises each reward in its "
                               "group, then the sum over the batch; use advantage_estimator 'grpo', scale_rewards "
                               "'group', kl_in_reward false")
+        if self.gfpo_filter not in ("length", "token_efficiency"):
+            raise ConfigError(f"gfpo_filter: {self.gfpo_filter!r} is not one of length, token_efficiency")
+        if self.sync_ref_model:
+            self._validate_reference_refresh()
 
+    def _validate_batch_split(self) -> None:
+        """The batch splits into mini-batches and micro-batches of whole completions."""
         mini_batch = self.generation_batch_size // self.num_generations * self.group_size // self.steps_per_generation
         if self.gradient_accumulation_steps < 1 or mini_batch % self.gradient_accumulation_steps:
             raise ConfigError(f"gradient_accumulation_steps: must divide the mini-batch of {mini_batch} completions "
@@ -255,19 +275,18 @@ class Config:
             kept = self.generation_batch_size // self.num_generations * self.num_remains_in_group
             if kept % self.steps_per_generation:
                 raise ConfigError(f"steps_per_generation: must divide the {kept} completions GFPO keeps per batch")
-        if self.gfpo_filter not in ("length", "token_efficiency"):
-            raise ConfigError(f"gfpo_filter: {self.gfpo_filter!r} is not one of length, token_efficiency")
-        if self.sync_ref_model:
-            if self.beta == 0 or self.kl_in_reward:
-                raise ConfigError("sync_ref_model: there is no reference model to refresh with beta = 0 (or "
-                                  "kl_in_reward); set beta > 0")
-            if self.use_peft:  # TRL refuses it too
-                raise ConfigError("sync_ref_model: with use_peft the reference is the base (the adapter switched "
-                                  "off), which does not move; train all weights or leave sync_ref_model off")
-            if not 0 < self.ref_model_mixup_alpha <= 1:
-                raise ConfigError(f"ref_model_mixup_alpha: must be in (0, 1], got {self.ref_model_mixup_alpha}")
-            if self.ref_model_sync_steps < 1:
-                raise ConfigError(f"ref_model_sync_steps: must be >= 1, got {self.ref_model_sync_steps}")
+
+    def _validate_reference_refresh(self) -> None:
+        if self.beta == 0 or self.kl_in_reward:
+            raise ConfigError("sync_ref_model: there is no reference model to refresh with beta = 0 (or "
+                              "kl_in_reward); set beta > 0")
+        if self.use_peft:  # TRL refuses it too
+            raise ConfigError("sync_ref_model: with use_peft the reference is the base (the adapter switched "
+                              "off), which does not move; train all weights or leave sync_ref_model off")
+        if not 0 < self.ref_model_mixup_alpha <= 1:
+            raise ConfigError(f"ref_model_mixup_alpha: must be in (0, 1], got {self.ref_model_mixup_alpha}")
+        if self.ref_model_sync_steps < 1:
+            raise ConfigError(f"ref_model_sync_steps: must be >= 1, got {self.ref_model_sync_steps}")
 
     def _validate_loss_type(self) -> None:
         """What the chosen loss type declares (objectives/registry.py): its levels, token weights, delta; and the

@@ -2,8 +2,10 @@
 
     for each step:
         sample    G completions for each of (generation_batch_size / G) prompts      batch.py, rollout.py
+                  (with tools: sample, run the calls, append their answers, sample ...) tools/
         score     every completion with every reward function                          rewards.py, tasks/
-        advantage group-relative (or RLOO), per completion                             advantages.py
+        advantage group-relative (or another estimator), per completion                advantages.py
+        prepare   the loss mask (the policy's tokens), old and reference log-probs     prepare_update
         optimise  num_iterations x steps_per_generation mini-batches of the loss       grpo_update, objectives/
         log       one JSON line of metrics, a few groups of completions                metrics.py, run_log.py
         save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
@@ -21,6 +23,9 @@ What this loop simplifies, on purpose:
     same model with its adapter switched off (models.py), so it costs no memory.
   * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
     only (the same step, see loss_share).
+  * With tools, a completion is every turn after the prompt, the tools' answers included; the loss, KL, entropy
+    and lengths count only the tokens the policy sampled (Batch.policy_mask), while every log-prob is taken with
+    the tools' tokens in context. Tools run in a worker process; each call has a time limit.
 """
 
 import contextlib
@@ -48,7 +53,7 @@ from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_tas
 from .run_log import RunLog
 from .tasks import get_task
 
-__all__ = ["train", "grpo_update"]
+__all__ = ["train", "prepare_update", "grpo_update"]
 
 
 def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None = None, progress: bool = True) -> dict:
@@ -99,23 +104,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         with autocast():
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools)
         t_generate = time.perf_counter() - t0
-        inputs = batch.to(device)
-        ids = (inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask)
-        # The policy's own tokens: tool output is context, not an action (train_on_tool_output: the bug, for teaching).
-        inputs.loss_mask = inputs.completion_mask if cfg.train_on_tool_output else inputs.policy_mask
-        if cfg.mask_truncated_completions:  # DAPO: a cut-off completion teaches nothing about its ending
-            inputs.loss_mask = inputs.loss_mask * (~inputs.is_truncated).unsqueeze(1)
-
-        # 4. Old and reference log-probs, once per batch, only when needed (with vLLM always: its log-probs are
-        #    compared with ours before any update, as TRL does). The policy that sampled has no dropout: eval().
-        needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or inputs.sampling_logp is not None
-        model.eval()
-        with torch.no_grad(), autocast():
-            inputs.old_logp = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
-            use_ref = cfg.beta > 0 and not cfg.kl_in_reward
-            inputs.ref_logp = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
-        # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
-        inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
+        # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
+        inputs, sampling_stats = prepare_update(cfg, batch.to(device), model, ref_model, autocast)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         model.train()
@@ -159,6 +149,28 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     summary = distributed.broadcast_object(summary)
     distributed.cleanup()
     return summary
+
+
+def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tuple[Batch, dict]:
+    """Step 4 of the loop: the batch's loss mask, old and reference log-probs, and the sampler correction.
+
+    The loss acts on the policy's own tokens: tool output is context, not an action (train_on_tool_output: the
+    bug, for teaching), less truncated completions with mask_truncated_completions (DAPO). Old log-probs are
+    computed once per batch and only when they can differ from the current policy's (with vLLM always: its
+    log-probs are compared with ours before any update, as TRL does); the policy that sampled has no dropout."""
+    inputs.loss_mask = inputs.completion_mask if cfg.train_on_tool_output else inputs.policy_mask
+    if cfg.mask_truncated_completions:  # a cut-off completion teaches nothing about its ending
+        inputs.loss_mask = inputs.loss_mask * (~inputs.is_truncated).unsqueeze(1)
+    ids = (inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask)
+    needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or inputs.sampling_logp is not None
+    model.eval()
+    with torch.no_grad(), autocast():
+        inputs.old_logp = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
+        use_ref = cfg.beta > 0 and not cfg.kl_in_reward
+        inputs.ref_logp = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
+    # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
+    inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
+    return inputs, sampling_stats
 
 
 def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_length: int,
