@@ -193,7 +193,7 @@ def kl_penalized_rewards(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Round 2: more baselines and normalisations (REINFORCE++, OPO, pass@k, GPG, GDPO)
+# More baselines and normalisations (REINFORCE++, OPO, pass@k, GPG, GDPO)
 # ---------------------------------------------------------------------------------------------------------
 def _token_whiten(values: torch.Tensor, weights: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps), mean and Bessel-corrected var weighted by `weights` (token counts).
@@ -361,7 +361,7 @@ def gpg_advantages(rewards: torch.Tensor, group_size: int, *, f_norm: float = 1.
     completions' tokens, and alpha scales the batch back up as if only the N - M informative ones were there.
     F_norm = 1 in the paper (no std scaling). verl's compute_gpg_outcome_advantage counts non-zero raw rewards
     instead of informative completions (alpha = N / #{r_i != 0}); the two agree when every all-equal group is all
-    zeros and no informative completion has reward 0 (tests/test_parity_round2.py). NaN rewards: left out.
+    zeros and no informative completion has reward 0 (tests/test_trl_verl_parity.py). NaN rewards: left out.
     Args: rewards (N,), groups consecutive. Returns adv (N,).
     """
     adv, zero_std = group_advantages(rewards, group_size, scale="none")

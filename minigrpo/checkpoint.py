@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import distributed
+from .errors import MinigrpoError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "truncate_metrics", "CheckpointError",
            "RESUMABLE_CHANGES", "start_or_resume"]
@@ -39,7 +40,7 @@ RESUMABLE_CHANGES = frozenset({"output_dir", "resume_from_checkpoint", "save_ste
                                "save_model", "device"})
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MinigrpoError, ValueError):
     """No checkpoint to resume from, or one that does not belong to this run; the message names the file."""
 
 

@@ -17,6 +17,10 @@
     minigrpo ppo --max-steps 50 --lam 1 --out runs/ppo   # PPO with a critic (ppo_trainer.py): Config + PPOConfig flags
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
+
+Input minigrpo cannot use (a bad flag, a data file's bad line, a reward function that raises, a missing model
+directory or config file, a loss that turned NaN) is one line and exit status 2. Anything else is a bug, here or
+in a module you edited, and shows its traceback (errors.py).
 """
 
 import argparse
@@ -25,10 +29,12 @@ import json
 import os
 import sys
 
-from .checkpoint import CheckpointError
 from .config import Config, ConfigError, load_config
-from .rewards import RewardError
-from .tasks.base import DataError
+from .errors import MinigrpoError
+
+# One line, exit 2: minigrpo's own errors; FloatingPointError, the trainers' stop before a NaN loss or gradient
+# reaches the weights; FileNotFoundError, a path the user gave (--config, --model, a run directory) that is not there.
+USER_ERRORS = (MinigrpoError, ConfigError, FloatingPointError, FileNotFoundError)
 
 
 def _parse_overrides(tokens: list[str]) -> dict:
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return commands[argv[0]](argv[1:])
-    except (ConfigError, CheckpointError, DataError, OSError, RewardError, ValueError) as exc:  # bad input: one line, no traceback
+    except USER_ERRORS as exc:
         print(f"minigrpo {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
 

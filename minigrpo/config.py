@@ -13,12 +13,13 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .advantages import ADVANTAGE_ESTIMATORS
+from .errors import MinigrpoError
 from .objectives import LOSSES, get_loss
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
 
-class ConfigError(ValueError):
+class ConfigError(MinigrpoError, ValueError):
     """A config key that does not exist or a value that does not fit it."""
 
 
@@ -76,7 +77,7 @@ class Config:
     train_on_tool_output: bool = False
     # --- rewards and advantages ---
     # names (correctness, format, r1_format, r1_format_soft, overlong, random) or your own as module:function or
-    # path/to/file.py:function, with TRL's signature (trainer.build_reward_funcs)
+    # path/to/file.py:function, with TRL's signature (rewards.build_reward_funcs)
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
@@ -374,7 +375,10 @@ def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
         import yaml
 
         with open(yaml_path) as f:
-            loaded = yaml.safe_load(f) or {}
+            try:
+                loaded = yaml.safe_load(f) or {}
+            except yaml.YAMLError as error:
+                raise ConfigError(f"{yaml_path}: not valid YAML ({str(error).splitlines()[0]})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{yaml_path}: expected a mapping of config keys, got {type(loaded).__name__}")
         values.update(loaded)

@@ -56,6 +56,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .errors import MinigrpoError
+
 __all__ = ["CallResult", "IsolatedCaller", "IsolationError", "call_isolated", "take_failed_count", "run_python",
            "ScriptResult", "Limits"]
 
@@ -63,7 +65,7 @@ FILE_SIZE_LIMIT = 16 << 20  # bytes any file written by isolated code may grow t
 _HEADER = struct.Struct("<Q")  # length prefix of a request (trainer -> worker; a pickle, trusted direction)
 
 
-class IsolationError(RuntimeError):
+class IsolationError(MinigrpoError, RuntimeError):
     """The worker could not start at all (its target does not import): a set-up problem, not a failed call."""
 
 

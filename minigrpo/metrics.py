@@ -14,9 +14,6 @@ and minigrpo's own: accuracy (the task's grader on the training samples), frac_r
 right and wrong answers: where length drift shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds
 (dynamic sampling), sampling/* (vLLM's log-probs against the trainer's), step_seconds, generate_seconds,
 tokens_per_second, eval/accuracy_greedy.
-
-Files written before these names (completion_length_mean, clipped_ratio, ...) are read with the new names by
-`plots.load_metrics` (RENAMED below).
 """
 
 import json
@@ -27,18 +24,7 @@ import torch
 
 from . import distributed
 
-__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "run_summary", "RENAMED"]
-
-# metrics.jsonl names before they followed TRL's -> now.
-RENAMED = {
-    "completion_length_mean": "completions/mean_length",
-    "completion_length_min": "completions/min_length",
-    "completion_length_max": "completions/max_length",
-    "completion_length_correct_mean": "completions/mean_length_correct",
-    "completion_length_incorrect_mean": "completions/mean_length_incorrect",
-    "clipped_ratio": "completions/clipped_ratio",
-}
-
+__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "run_summary"]
 
 def gather_batch(batch, task) -> dict:
     """What step_metrics reads of a Batch, as CPU tensors, concatenated over the processes in rank order (so

@@ -70,11 +70,11 @@ def _local_or_hub(name_or_path: str | os.PathLike) -> str:
     return str(local) if looks_local else name
 
 
-def _unfetchable(name: str, exc: Exception) -> OSError:
+def _unfetchable(name: str, exc: Exception) -> FileNotFoundError:
     from huggingface_hub import is_offline_mode
 
     hint = " (HF_HUB_OFFLINE is set, so the hub was not asked)" if is_offline_mode() else ""
-    return OSError(
+    return FileNotFoundError(
         f"model_name_or_path: could not load {name!r} — not a local model directory and not fetchable "
         f"from the hub{hint}. Pass a directory saved with save_pretrained, or omit it to use the shipped tiny model."
     )

@@ -36,12 +36,9 @@ __all__ = [
 
 
 def load_metrics(run_dir: str | Path) -> list[dict]:
-    """The lines of run_dir/metrics.jsonl, one dict per step; a file written before the metrics took TRL's names
-    (completion_length_mean, clipped_ratio, ...) is read with the new ones (metrics.RENAMED)."""
-    from .metrics import RENAMED
-
+    """The lines of run_dir/metrics.jsonl, one dict per step (metrics.py names the keys)."""
     with open(Path(run_dir) / "metrics.jsonl") as f:
-        return [{RENAMED.get(k, k): v for k, v in json.loads(line).items()} for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def load_summary(run_dir: str | Path) -> dict:

@@ -40,6 +40,7 @@ from torch import nn
 from .logprobs import completion_logprobs, trimmed_chunks
 from .objectives import policy_loss
 from .objectives.common import masked_mean
+from .rewards import RewardError
 
 __all__ = ["ValueModel", "completion_values", "terminal_rewards", "gae", "whiten", "value_loss", "critic_diagnostics",
            "ppo_targets", "ppo_update", "ppo_step"]
@@ -179,7 +180,7 @@ def ppo_targets(policy, value_model, batch: dict, rewards: torch.Tensor, *, ref_
     """
     if not torch.isfinite(rewards).all():
         bad = int((~rewards.isfinite()).sum())
-        raise ValueError(f"rewards: PPO needs a finite reward for every completion, got {bad} NaN/inf "
+        raise RewardError(f"rewards: PPO needs a finite reward for every completion, got {bad} NaN/inf "
                          "(an unscorable completion?)")
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     mask = ids[3].float()

@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .errors import UsageError
+
 __all__ = ["read_completions", "format_group", "main"]
 
 
@@ -70,6 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     step = steps[-1] if args.step is None else args.step
     chosen = [r for r in records if r["step"] == step]
     if not chosen:
-        raise ValueError(f"--step {step}: not logged (steps {steps[0]}..{steps[-1]})")
+        raise UsageError(f"--step {step}: not logged (steps {steps[0]}..{steps[-1]})")
     print("\n\n".join(format_group(r, args.width) for r in chosen))
     return 0

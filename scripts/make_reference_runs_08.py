@@ -1,4 +1,5 @@
-"""Rebuild notebook 08's reference runs: the round-2 variants (issue 19) beside GRPO on think_addition.
+"""Rebuild notebook 08's reference runs: LUSPO, VESPO, Clip-Cov, KL-Cov, pass@k, GFPO and more, beside GRPO
+on think_addition.
 
     OMP_NUM_THREADS=1 python scripts/make_reference_runs_08.py                 # all of them, one after another
     OMP_NUM_THREADS=1 python scripts/make_reference_runs_08.py --only luspo    # some of them

@@ -1,6 +1,6 @@
 """Bad input: one line naming the culprit, and nothing already written is lost.
 
-One test per case of issue 7. Each bad input is stopped where it is first seen: config keys and values when the
+One test per kind of bad input. Each is stopped where it is first seen: config keys and values when the
 config is read, data files when they are loaded, the model when it is loaded, prompts against the context before
 the first step, reward functions when they are called. Errors raised mid-run leave the metrics lines and the
 checkpoints already written intact, so the run can be fixed and resumed.
@@ -213,7 +213,7 @@ def test_prompts_longer_than_the_context_are_refused_before_training(tmp_path, r
     [
         (["--num-generations", "1"], "num_generations: must be >= 2 (a group of one has no baseline)"),
         (["--num-generatons", "4"], "num_generatons: unknown config key"),
-        (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, think_addition"),
+        (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, reasoning_gym, think_addition"),
         (["--eval-limit", "0"], "eval_limit: must be >= 1, got 0"),
         (["--save-steps", "-5"], "save_steps: must be >= 0, got -5"),
     ],

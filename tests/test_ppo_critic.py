@@ -8,6 +8,7 @@ import torch
 from minigrpo.models import load_model
 from minigrpo.ppo_critic import (ValueModel, completion_values, critic_diagnostics, gae, ppo_step, ppo_targets,
                                  terminal_rewards, value_loss, whiten)
+from minigrpo.rewards import RewardError
 
 
 def test_terminal_rewards_sit_on_the_last_real_token():
@@ -133,7 +134,7 @@ def test_ppo_targets_refuse_nan_rewards(random_model_dir):
     policy = load_model(random_model_dir)
     batch, rewards = fixed_batch(policy.config.vocab_size)
     rewards[2] = float("nan")
-    with pytest.raises(ValueError, match="^rewards: PPO needs a finite reward for every completion, got 1 NaN"):
+    with pytest.raises(RewardError, match="^rewards: PPO needs a finite reward for every completion, got 1 NaN"):
         ppo_targets(policy, ValueModel(policy), batch, rewards)
 
 

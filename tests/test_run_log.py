@@ -106,9 +106,3 @@ def test_report_to_names_are_checked():
     with pytest.raises(ConfigError, match="report_to: 'mlflow' is not one of tensorboard, wandb, none"):
         Config(report_to=["mlflow"])
     assert Config(report_to=["none"]).report_to is None
-
-
-def test_old_metric_names_are_read_with_trls(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "completion_length_mean": 9.5,
-                                                        "clipped_ratio": 0.25}) + "\n")
-    assert load_metrics(tmp_path) == [{"step": 1, "completions/mean_length": 9.5, "completions/clipped_ratio": 0.25}]

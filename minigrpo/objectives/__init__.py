@@ -34,8 +34,8 @@ Loss types differ only in the surrogate and the aggregation (and their own optio
 A loss type registered from outside (`register_loss`, registry.py) goes through the same pipeline.
 
 `policy_loss` equals TRL 1.16's `GRPOTrainer._compute_loss` in value and gradient for every loss_type and option
-TRL has (tests/test_trl_parity.py, tests/test_parity_round2.py), and verl's core_algos for gpg, clip_cov,
-kl_cov and dual-clip (tests/test_parity_round2.py).
+TRL has (tests/test_trl_parity.py, tests/test_trl_verl_parity.py), and verl's core_algos for gpg, clip_cov,
+kl_cov and dual-clip (tests/test_trl_verl_parity.py).
 """
 
 import importlib

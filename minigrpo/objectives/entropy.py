@@ -12,10 +12,6 @@ beats training on every token:
 Entropy bonus (TRL's entropy_coef): the loss becomes L - c * H_bar, H_bar the mean entropy over the tokens the
 policy loss acts on (all completion tokens, or the top-entropy ones), the same whatever the loss type's
 normaliser. For it to act, the entropies must carry their gradient (they are a function of the logits).
-
-Adaptive coefficient (Skywork-OR1, He et al. 2025, arXiv 2505.22312; TRL's use_adaptive_entropy): after each
-optimizer step, c <- c + delta if the measured entropy is at or below the target, c - delta otherwise, kept in
-[c_min, c_max]; the bonus is applied only while the entropy is at or below the target.
 """
 
 import torch
@@ -36,10 +32,3 @@ def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_entropy_q
     threshold = torch.quantile(values, 1 - top_entropy_quantile)
     return (entropies.detach() * mask >= threshold) & on_token
 
-
-def adaptive_entropy_coef(coef: float, entropy: float, *, target: float, delta: float, coef_min: float,
-                          coef_max: float) -> float:
-    """The next step's entropy coefficient (Skywork-OR1): up by delta when entropy <= target, else down by delta."""
-    if entropy <= target:
-        return min(coef + delta, coef_max)
-    return max(coef - delta, coef_min)

@@ -16,7 +16,7 @@ It is verl's dual-clip PPO (`clip_ratio_c`, Ye et al. 2020, "Mastering Complex C
 RL", arXiv 1912.09729): for A < 0 dual-clip takes min(-c A, max(-rho A, -clip(rho) A)) = -A min(c, max(rho,
 1-eps_low)), the same number as -A max(min(rho, delta), clip(rho)) with delta = c; for A > 0 dual-clip does nothing, and neither
 does delta (clip(rho) <= 1+eps_high < delta, so the min picks it). The two agree, value and gradient, whenever
-delta > 1 + eps_high (the papers' condition; config.validate refuses a smaller delta): tests/test_parity_round2.py
+delta > 1 + eps_high (the papers' condition; config.validate refuses a smaller delta): tests/test_trl_verl_parity.py
 checks it against verl's compute_policy_loss_vanilla. verl also clamps log rho to [-20, 20] first.
 """
 

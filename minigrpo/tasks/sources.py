@@ -16,12 +16,14 @@ the task's job (base.check_row). Nothing here needs a model.
 import json
 from pathlib import Path
 
+from ..errors import MinigrpoError
+
 __all__ = ["read_dataset", "held_out_size", "json_lines", "DataError"]
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-class DataError(ValueError):
+class DataError(MinigrpoError, ValueError):
     """A task's data file that cannot be read as rows; the message names the file and the line."""
 
 

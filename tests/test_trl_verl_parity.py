@@ -1,4 +1,4 @@
-"""Parity, round 2: the variants of issue 19 against the reference implementations, in value and gradient.
+"""Parity with TRL and verl for the variants tests/test_trl_parity.py does not cover, in value and gradient.
 
 TRL 1.16 (`GRPOTrainer._compute_loss`, called unbound on a fake trainer as in tests/test_trl_parity.py): luspo,
 vespo (with and without the vLLM sampler weights), off_policy_mask_threshold, top_entropy_quantile,
