@@ -92,8 +92,11 @@ def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer) ->
         return None
     tool_schemas(tools)
     worker = ToolWorker({tool.__name__: tool for tool in tools}, max_output_chars=cfg.max_tool_output_chars)
-    return ToolSetup(list(tools), worker, eos_token_ids(model, tokenizer), cfg.max_tool_calling_iterations,
-                     cfg.tool_timeout, cfg.max_tool_output_chars)
+    max_iterations = cfg.max_tool_calling_iterations
+    if max_iterations is None:  # the task's own limit, if it has one
+        max_iterations = getattr(task, "max_tool_calling_iterations", None)
+    return ToolSetup(list(tools), worker, eos_token_ids(model, tokenizer), max_iterations, cfg.tool_timeout,
+                     cfg.max_tool_output_chars)
 
 
 def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: dict, after: dict,

@@ -213,7 +213,7 @@ def test_prompts_longer_than_the_context_are_refused_before_training(tmp_path, r
     [
         (["--num-generations", "1"], "num_generations: must be >= 2 (a group of one has no baseline)"),
         (["--num-generatons", "4"], "num_generatons: unknown config key"),
-        (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, reasoning_gym, think_addition"),
+        (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, reasoning_gym, think_addition, tool_addition"),
         (["--eval-limit", "0"], "eval_limit: must be >= 1, got 0"),
         (["--save-steps", "-5"], "save_steps: must be >= 0, got -5"),
     ],

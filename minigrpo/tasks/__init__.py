@@ -21,9 +21,10 @@ from .countdown import CountdownTask
 from .gsm8k import Gsm8kTask
 from .reasoning_gym import ReasoningGymTask
 from .think_addition import ThinkAdditionTask
+from .tool_addition import ToolAdditionTask
 
 TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), CountdownTask(), AnswerTask(),
-                                                Gsm8kTask(), ReasoningGymTask())}
+                                                Gsm8kTask(), ReasoningGymTask(), ToolAdditionTask())}
 
 
 def get_task(name: str) -> Task:
@@ -33,5 +34,5 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-__all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "CountdownTask", "Gsm8kTask",
+__all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "CountdownTask", "Gsm8kTask", "ToolAdditionTask",
            "ReasoningGymTask", "get_task"]
