@@ -59,6 +59,8 @@ class Config:
     vllm_importance_sampling_mode: str = "sequence_mask"  # token_truncate, token_mask, sequence_truncate, sequence_mask
     vllm_importance_sampling_clip_min: float | None = None  # C_min (None: no lower bound)
     vllm_importance_sampling_clip_max: float | None = 3.0  # C_max (None: no upper bound)
+    # release vLLM's weights and KV cache while the optimizer runs (where vLLM's platform has sleep mode; CUDA)
+    vllm_enable_sleep_mode: bool = False
     # --- rollout ---
     num_generations: int = 8  # G, completions per prompt
     generation_batch_size: int = 128  # completions per step = prompts per step x G
@@ -236,9 +238,6 @@ class Config:
         if low is not None and high is not None and not low < high:
             raise ConfigError(f"vllm_importance_sampling_clip_min: {low} must be below vllm_importance_sampling_clip_max "
                               f"({high})")
-        if self.use_vllm and self.load_in_4bit:
-            raise ConfigError("load_in_4bit: vLLM cannot be given a 4-bit base by minigrpo; with use_vllm set "
-                              "load_in_4bit false (LoRA on a float base works)")
 
     def _validate_variants(self) -> None:
         """The options that change which tokens learn, the estimators' settings, GFPO and the reference refresh."""

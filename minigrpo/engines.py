@@ -9,7 +9,8 @@ An engine has two methods, and the trainer calls nothing else:
         repetition penalty) at `temperature` and `top_p`.
     sync_weights()
         called after the optimizer steps of each batch, before the next `generate`: an engine that holds its
-        own copy of the weights (vLLM) must make it equal to the policy's (for LoRA: base + merged adapter).
+        own copy of the weights (vLLM) must make it equal to the policy's (for LoRA: the adapter alone, the base
+        loaded once; for full fine-tuning: every weight).
 
 A multi-turn rollout (tools/loop.py) also calls
 
@@ -76,5 +77,5 @@ def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completi
             longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.chat_template_kwargs))
             max_model_len = longest + max_completion_length
         return VLLMEngine(model, tokenizer, max_model_len=max_model_len, seed=cfg.seed,
-                          chat_template_kwargs=cfg.chat_template_kwargs)
+                          chat_template_kwargs=cfg.chat_template_kwargs, enable_sleep_mode=cfg.vllm_enable_sleep_mode)
     return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)

