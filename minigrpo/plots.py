@@ -296,14 +296,20 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
             ("entropy", "nats / token", "policy entropy"),
         ],
     }
+    if any("tools/call_frequency" in m for metrics in runs.values() for m in metrics):  # a run with tools
+        figures["tools.png"] = [
+            ("tools/call_frequency", "calls per completion", "tool calls"),
+            ("eval/accuracy_greedy", "greedy accuracy", "held-out greedy accuracy"),
+            ("completions/mean_length", "tokens", "the policy's tokens per completion"),
+        ]
     paths = []
     for filename, panels in figures.items():
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
         for ax, (key, ylabel, title) in zip(axes[0], panels):
             plot_curve(runs, key, ax=ax, ylabel=ylabel, title=title, window=1 if key.startswith("eval/") else window,
                        style="o-" if key.startswith("eval/") else "-", ylim=(0, 1) if key in FRACTIONS else None)
-        if filename == "accuracy.png":
-            plot_before_after(run_dirs, axes[0][0])
+        if filename in ("accuracy.png", "tools.png"):
+            plot_before_after(run_dirs, axes[0][0 if filename == "accuracy.png" else 1])
         fig.tight_layout()
         fig.savefig(out_dir / filename, dpi=100)
         plt.close(fig)

@@ -188,7 +188,7 @@ def combine_rewards(rewards_per_func: torch.Tensor, unscorable: torch.Tensor, we
 
 def build_reward_funcs(names: list[str], task, max_completion_length: int, cfg) -> list[RewardFunc]:
     """Reward names -> functions: correctness, format (the task's), r1_format / r1_format_soft (the R1 tags, any
-    task), overlong (DAPO), random (control), or your own as "module:function" / "path/file.py:function"."""
+    task), overlong (DAPO), random (control), math_verify (LaTeX answers), or your own as "module:function" / "path/file.py:function"."""
     funcs = []
     for name in names:
         if ":" in name:
@@ -204,9 +204,14 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, cfg) 
             funcs.append(overlong_penalty(max_completion_length, buffer_len))
         elif name == "random":
             funcs.append(shuffled(task.correctness_reward, seed=cfg.seed))
+        elif name == "math_verify":  # LaTeX answers, graded by math-verify in a worker process (extra "math")
+            from .tasks.math_verify_grader import math_verify_reward
+
+            funcs.append(math_verify_reward)
         else:
             raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, r1_format, "
-                              f"r1_format_soft, overlong, random, or module:function / path/file.py:function)")
+                              f"r1_format_soft, overlong, random, math_verify, or module:function / "
+                              f"path/file.py:function)")
     return funcs
 
 

@@ -205,3 +205,16 @@ def test_surrogate_curves_differ_in_width_so_none_hides_another():
     labelled = [ln for ln in ax.get_lines() if ln.get_label() in ("a", "b")]
     assert labelled[0].get_linewidth() > labelled[1].get_linewidth()
     assert labelled[0].get_linestyle() != labelled[1].get_linestyle()
+
+
+def test_a_run_with_tools_gets_calls_beside_accuracy_and_length(tmp_path):
+    import json
+
+    from minigrpo.plots import plot_runs
+
+    tools = [dict(m, **{"tools/call_frequency": 0.2 * m["step"]}) for m in METRICS]
+    for name, metrics in (("tools", tools), ("plain", METRICS)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    assert "tools.png" in [p.name for p in plot_runs([tmp_path / "tools"], tmp_path / "a")]
+    assert "tools.png" not in [p.name for p in plot_runs([tmp_path / "plain"], tmp_path / "b")]
