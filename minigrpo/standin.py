@@ -29,6 +29,8 @@ completions instead of one token repeated: a test comparing two samplers then co
 
 from pathlib import Path
 
+from .chat_templates import QWEN25_MESSAGES
+
 __all__ = ["CHATML_TEMPLATE", "make_standin_chat_model"]
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -48,7 +50,7 @@ DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
 # JSON schema a line inside <tools></tools>; an assistant message's `tool_calls` become
 # `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` blocks; and consecutive `tool` messages share one
 # user turn, each in <tool_response></tool_response>.
-CHATML_TEMPLATE = r"""{%- if tools %}
+CHATML_TEMPLATE = (r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0]['role'] == 'system' %}
         {{- messages[0]['content'] }}
@@ -68,44 +70,13 @@ CHATML_TEMPLATE = r"""{%- if tools %}
         {{- '<|im_start|>system\nDEFAULT_SYSTEM_MESSAGE<|im_end|>\n' }}
     {%- endif %}
 {%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {{- message.content }}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
+""" + QWEN25_MESSAGES + r"""{%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
     {%- if enable_thinking is defined and enable_thinking is false %}
         {{- '<think>\n\n</think>\n\n' }}
     {%- endif %}
 {%- endif %}
-""".replace("DEFAULT_SYSTEM_MESSAGE", DEFAULT_SYSTEM_MESSAGE)
+""").replace("DEFAULT_SYSTEM_MESSAGE", DEFAULT_SYSTEM_MESSAGE)
 
 
 def _training_text() -> list[str]:
