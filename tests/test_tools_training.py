@@ -51,8 +51,8 @@ def conversational_rows(path, n=8):
 
 def config(tmp_path, chat_model_dir, **overrides):
     settings = dict(max_steps=2, num_generations=4, generation_batch_size=8, max_completion_length=48, eval_steps=0,
-                    eval_limit=2, eval_num_samples=0, save_model=False)
-    return Config(model_name_or_path=str(chat_model_dir), task="answer", output_dir=str(tmp_path / "run"),
+                    eval_limit=2, eval_num_samples=0, save_model=False, output_dir=str(tmp_path / "run"))
+    return Config(model_name_or_path=str(chat_model_dir), task="answer",
                   dataset_name=str(conversational_rows(tmp_path / "rows.jsonl", 20)), **{**settings, **overrides})
 
 
@@ -135,3 +135,41 @@ def test_bad_tool_settings_are_one_line_errors(tmp_path, chat_model_dir):
 
     with pytest.raises(ValueError, match="undocumented"):
         trainer.train(config(tmp_path, chat_model_dir), tools=[undocumented], progress=False)
+
+
+class CrashAt:
+    """constant_reward, except that its call number `at` raises (a crash in the middle of a run)."""
+
+    __name__ = "constant_reward"
+
+    def __init__(self, at: int):
+        self.calls, self.at = 0, at
+
+    def __call__(self, prompts, completions, **row):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("crash")
+        return constant_reward(prompts, completions, **row)
+
+
+def test_a_tools_run_resumed_after_a_crash_equals_an_uninterrupted_one(tmp_path, chat_model_dir, scripted_engine):
+    from minigrpo.rewards import RewardError
+
+    def run(out, reward, **extra):
+        cfg = config(tmp_path, chat_model_dir, output_dir=str(tmp_path / out), max_steps=4, save_steps=2, **extra)
+        return trainer.train(cfg, reward_funcs=[reward], tools=[add], progress=False)
+
+    run("whole", CrashAt(at=0))
+    with pytest.raises(RewardError):
+        run("crashed", CrashAt(at=3))  # step 3 fails after the checkpoint of step 2
+    run("crashed", CrashAt(at=0), resume_from_checkpoint=str(tmp_path / "crashed"))
+
+    def lines(out):
+        rows = [json.loads(x) for x in (tmp_path / out / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in row.items() if not k.endswith("_seconds") and k != "tokens_per_second"}
+                for row in rows]
+
+    assert [row["step"] for row in lines("crashed")] == [1, 2, 3, 4]
+    assert lines("crashed") == lines("whole")
+    assert (tmp_path / "crashed" / "completions.jsonl").read_text() == \
+        (tmp_path / "whole" / "completions.jsonl").read_text()
