@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from .config import ConfigError
 from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
 from .kv_cache import cache_argument
 from .prompts import encode_prompts, left_pad
@@ -57,7 +58,7 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     if eos is None:
         eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("neither the model's generation_config nor the tokenizer defines an eos token")
+        raise ConfigError("model_name_or_path: neither the model's generation_config nor the tokenizer defines an eos token")
     return [eos] if isinstance(eos, int) else list(eos)
 
 

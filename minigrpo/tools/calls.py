@@ -20,6 +20,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..config import ConfigError
+
 __all__ = ["ToolCall", "parse_assistant_turn", "parse_tool_calls", "tool_schema", "tool_schemas"]
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -86,7 +88,7 @@ def _parse_block(body: str, closed: bool) -> ToolCall:
 def tool_schema(tool) -> dict:
     """A function's JSON schema for the chat template (``transformers.utils.get_json_schema``): its name, the
     docstring's first paragraph as the description, one parameter per argument with its type hint and the
-    docstring's ``Args:`` line. A function without type hints or such a docstring is a one-line ValueError."""
+    docstring's ``Args:`` line. A function without type hints or such a docstring is a one-line ConfigError."""
     from transformers.utils import get_json_schema
 
     name = getattr(tool, "__name__", repr(tool))
@@ -94,8 +96,8 @@ def tool_schema(tool) -> dict:
         return get_json_schema(tool)
     except Exception as e:  # TypeHintParsingException, DocstringParsingException
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ValueError(f"tool {name!r}: no JSON schema for it ({message}); a tool needs type hints on every "
-                         f"argument and a Google-style docstring with an Args: line for each") from None
+        raise ConfigError(f"tools: {name!r} has no JSON schema ({message}); a tool needs type hints on every "
+                          f"argument and a Google-style docstring with an Args: line for each") from None
 
 
 def tool_schemas(tools) -> list[dict]:

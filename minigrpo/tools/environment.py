@@ -31,6 +31,8 @@ says why), so ``get_reward`` reads the state the episode's calls left.
 import inspect
 from collections.abc import Callable
 
+from ..config import ConfigError
+
 __all__ = ["EnvironmentPool", "environment_tools", "environment_rewards", "prompt_with_observation"]
 
 NOT_TOOLS = ("reset", "get_reward")
@@ -76,7 +78,7 @@ class EnvironmentPool:
         probe = factory()
         cls = type(probe)
         if not callable(getattr(cls, "reset", None)):
-            raise ValueError(f"environment_factory: {cls.__name__} has no reset(**row) method")
+            raise ConfigError(f"environment_factory: {cls.__name__} has no reset(**row) method")
         self.factory, self.tool_names = factory, _tool_names(cls)
         self.has_reward = callable(getattr(cls, "get_reward", None))
         self._instances = [probe]

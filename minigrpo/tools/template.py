@@ -26,6 +26,8 @@ differ from re-rendering the conversation, on purpose: that tokenization is the 
 
 import re
 
+from ..config import ConfigError
+
 __all__ = ["prompt_ids_with_tools", "tool_suffix_ids", "encode_as_text", "added_token_strings"]
 
 
@@ -90,7 +92,7 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     else:
         full_ids = _ids_with_plain_contents(tokenizer, dummy, tool_messages, kwargs)
     if full_ids[: len(prefix_ids)] != prefix_ids:
-        raise ValueError("the chat template does not preserve prefixes: a conversation's ids with a tool message "
+        raise ConfigError("tools: the chat template does not preserve prefixes: a conversation's ids with a tool message "
                          "added do not start with its ids without it")
     return full_ids[len(prefix_ids):]
 
@@ -103,7 +105,7 @@ def _ids_with_plain_contents(tokenizer, dummy: list[dict], tool_messages: list[d
     text = tokenizer.apply_chat_template(dummy + with_holders, tokenize=False, add_generation_prompt=True, **kwargs)
     pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", text)
     if sorted(p for p in pieces if p in holders) != sorted(holders):
-        raise ValueError("the chat template changes a tool message's content; cannot tokenize it as plain text")
+        raise ConfigError("tools: the chat template changes a tool message's content; cannot tokenize it as plain text")
     ids = []
     for piece in pieces:
         if piece in holders:
