@@ -304,6 +304,7 @@ def _package_root() -> str:
 
 _CALLERS: dict[tuple, IsolatedCaller] = {}
 _failed_not_taken = 0
+_calls_not_taken = 0
 _lock = threading.Lock()
 
 
@@ -312,7 +313,7 @@ def call_isolated(target: str, calls: list[tuple], *, timeout: float = 5.0, memo
     """``target(*args)`` for each args tuple in ``calls``, in a kept-alive worker process (one per target and
     limits, started on first use, closed at exit). See the module docstring for the limits and the figures.
     Failed calls add to ``take_failed_count()``."""
-    global _failed_not_taken
+    global _failed_not_taken, _calls_not_taken
     limits = Limits(timeout, memory_bytes, max_result_chars)
     with _lock:
         caller = _CALLERS.get((target, limits))
@@ -320,16 +321,18 @@ def call_isolated(target: str, calls: list[tuple], *, timeout: float = 5.0, memo
             caller = _CALLERS[(target, limits)] = IsolatedCaller(target, limits)
         results = caller.map(list(calls))
         _failed_not_taken += sum(not r.ok for r in results)
+        _calls_not_taken += len(results)
     return results
 
 
-def take_failed_count() -> int:
+def take_failed_count() -> int | None:
     """Calls through ``call_isolated`` that failed (timeout, crash, exception, oversized result) since the last
-    take; the trainer logs it each step as ``rewards/verifier_failed``."""
-    global _failed_not_taken
+    take, or None when there was no call since then; the trainer logs it as ``rewards/verifier_failed`` on each
+    step whose rewards called a verifier."""
+    global _failed_not_taken, _calls_not_taken
     with _lock:
-        count, _failed_not_taken = _failed_not_taken, 0
-    return count
+        count, calls, _failed_not_taken, _calls_not_taken = _failed_not_taken, _calls_not_taken, 0, 0
+    return count if calls else None
 
 
 @atexit.register

@@ -44,6 +44,7 @@ from .checkpoint import process_state, save_checkpoint, start_or_resume
 from .config import Config, ConfigError
 from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import make_engine
+from .isolation import take_failed_count
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import load_policy, reference_policy, refresh_reference, resolve_device
@@ -93,6 +94,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     log = RunLog(out, cfg, reward_names(reward_funcs), resume_step=start_step, enabled=main)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
+    take_failed_count()  # verifier failures are counted from this run's first step
     if main and run_state["before"] is None:
         run_state["before"] = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
 
@@ -122,6 +124,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
         gathered = gather_batch(batch, task)
         row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), log.reward_names)}
+        failed = take_failed_count()  # third-party verifiers run isolated (isolation.py): calls that failed
+        if failed is not None:
+            row["rewards/verifier_failed"] = sum(distributed.gather_objects(failed))
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
         if main:
