@@ -124,9 +124,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
         gathered = gather_batch(batch, task)
         row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), log.reward_names)}
-        failed = take_failed_count()  # third-party verifiers run isolated (isolation.py): calls that failed
-        if failed is not None:
-            row["rewards/verifier_failed"] = sum(distributed.gather_objects(failed))
+        failed = distributed.gather_objects(take_failed_count())  # third-party verifiers' failed calls (isolation.py)
+        if any(n is not None for n in failed):  # every rank gathers, whether its rewards called a verifier or not
+            row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
         if main:
