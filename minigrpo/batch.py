@@ -143,6 +143,17 @@ class ToolSetup:
     tool_timeout: float = 10.0
     max_tool_output_chars: int = 4000
 
+    def sample(self, engine, prompts: list, *, num_generations: int, max_completion_length: int, **sampling):
+        """The multi-turn rollout of these prompts with these tools (tools/loop.py); sampling: temperature, top_p,
+        do_sample, chat_template_kwargs."""
+        from .tools import sample_with_tools
+
+        return sample_with_tools(engine, engine.tokenizer, prompts, tools=self.tools, num_generations=num_generations,
+                                 max_completion_length=max_completion_length,
+                                 max_tool_calling_iterations=self.max_tool_calling_iterations, eos_ids=self.eos_ids,
+                                 tool_timeout=self.tool_timeout, max_tool_output_chars=self.max_tool_output_chars,
+                                 worker=self.worker, **sampling)
+
 
 class PromptSampler:
     """Endless shuffled passes over the training rows, deterministic in the seed.
@@ -237,13 +248,8 @@ def _sample(cfg, engine, prompts: list, max_len: int, tools: ToolSetup | None):
     if tools is None:
         return engine.generate(prompts, num_generations=cfg.num_generations, max_completion_length=max_len,
                                temperature=cfg.temperature, top_p=cfg.top_p)
-    from .tools import sample_with_tools
-
-    return sample_with_tools(engine, engine.tokenizer, prompts, tools=tools.tools, num_generations=cfg.num_generations,
-                             max_completion_length=max_len, max_tool_calling_iterations=tools.max_tool_calling_iterations,
-                             eos_ids=tools.eos_ids, tool_timeout=tools.tool_timeout,
-                             max_tool_output_chars=tools.max_tool_output_chars, temperature=cfg.temperature,
-                             top_p=cfg.top_p, chat_template_kwargs=cfg.chat_template_kwargs, worker=tools.worker)
+    return tools.sample(engine, prompts, num_generations=cfg.num_generations, max_completion_length=max_len,
+                        temperature=cfg.temperature, top_p=cfg.top_p, chat_template_kwargs=cfg.chat_template_kwargs)
 
 
 def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, reward_weights: list[float], max_len: int,

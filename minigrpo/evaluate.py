@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from .engines import GenerateEngine
 from .rollout import sample_completions
 
 
@@ -44,24 +45,11 @@ def _generate_all(model, tokenizer, prompts, *, num_generations, batch_size, too
             calls += [0] * len(rollout.completions)
             lengths += rollout.completion_lengths.tolist()
         else:
-            rollout = _sample_with_tools(model, tokenizer, chunk, num_generations, tools, **sampling)
+            rollout = tools.sample(GenerateEngine(model, tokenizer), chunk, num_generations=num_generations, **sampling)
             calls += rollout.num_tool_calls.tolist()
             lengths += rollout.policy_mask.sum(1).tolist()
         completions += rollout.completions
     return completions, lengths, calls
-
-
-def _sample_with_tools(model, tokenizer, prompts, num_generations, tools, *, max_completion_length,
-                       chat_template_kwargs=None, do_sample=True, temperature=1.0):
-    from .engines import GenerateEngine
-    from .tools import sample_with_tools
-
-    return sample_with_tools(GenerateEngine(model, tokenizer), tokenizer, prompts, tools=tools.tools,
-                             num_generations=num_generations, max_completion_length=max_completion_length,
-                             max_tool_calling_iterations=tools.max_tool_calling_iterations, eos_ids=tools.eos_ids,
-                             tool_timeout=tools.tool_timeout, max_tool_output_chars=tools.max_tool_output_chars,
-                             temperature=temperature, do_sample=do_sample, chat_template_kwargs=chat_template_kwargs,
-                             worker=tools.worker)
 
 
 @torch.no_grad()
