@@ -8,22 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from minigrpo.tasks.tool_addition import add  # a typed, documented tool
 from minigrpo.tools import (
     ToolCall, ToolWorker, encode_as_text, execute_tool_call, parse_assistant_turn, parse_tool_calls, tool_schema,
     tool_suffix_ids,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
 
 
 def divide(a: float, b: float) -> float:

@@ -11,20 +11,11 @@ import torch
 from minigrpo.engines import GenerateEngine
 from minigrpo.models import load_model_and_tokenizer
 from minigrpo.rollout import continue_from_ids, eos_token_ids
+from minigrpo.tasks.tool_addition import add  # a typed, documented tool
 from minigrpo.tools import EnvironmentPool, encode_as_text, environment_rewards, prompt_ids_with_tools, sample_with_tools, \
     tool_call_loop, tool_schemas
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
 
 
 def boom(x: int) -> int:

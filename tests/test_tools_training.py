@@ -13,18 +13,9 @@ import minigrpo.trainer as trainer
 from minigrpo.config import Config, ConfigError
 from minigrpo.engines import GenerateEngine
 from minigrpo.objectives import policy_loss
+from minigrpo.tasks.tool_addition import add  # a typed, documented tool
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
 
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
