@@ -38,7 +38,6 @@ time limit plus about a second.
 """
 
 import atexit
-import collections
 import ctypes
 import importlib
 import json
