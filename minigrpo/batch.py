@@ -224,8 +224,9 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     if cfg.kl_in_reward and cfg.beta > 0:
         with torch.no_grad():
             ids = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-            logp, _ = completion_logprobs(policy, *ids, temperature=cfg.temperature)
-            ref_logp, _ = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)
+            logp, _ = completion_logprobs(policy, *ids, temperature=cfg.temperature, share_prompts=cfg.shared_prefix)
+            ref_logp, _ = completion_logprobs(ref_model, *ids, temperature=cfg.temperature,
+                                              share_prompts=cfg.shared_prefix)
         batch.rewards = kl_penalized_rewards(rewards, logp.cpu(), ref_logp.cpu(), batch.policy_mask.cpu(), cfg.beta)
     if cfg.num_remains_in_group:  # GFPO: train on the k shortest (or most reward per token) of each group
         lengths = batch.policy_mask.sum(-1).cpu()

@@ -43,6 +43,9 @@ class Config:
     # recompute each block's activations in backward instead of keeping them (models.enable_gradient_checkpointing):
     # activation memory of one block instead of all, for about one more forward pass; TRL's default is True
     gradient_checkpointing: bool = False
+    # each group's prompt through the model once in the training pass, its G completions on its keys and values
+    # (logprobs.py): the same numbers for less compute and memory; false: every row runs its prompt (the reference)
+    shared_prefix: bool = True
     # --- model: LoRA and 4-bit quantization (TRL's ModelConfig names) ---
     dtype: str = "float32"  # weights' dtype at load; with load_in_4bit, the compute dtype of the 4-bit layers
     use_peft: bool = False  # train a LoRA adapter instead of all weights (peft)

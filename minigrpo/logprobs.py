@@ -15,11 +15,15 @@ same), then log_softmax and gather. The rest of this file computes the same numb
    padded to its longest row spends much of its forward and backward on pad tokens. So rows are sorted by
    length and run in a few groups of similar length, each trimmed to its own longest prompt and completion
    (`length_chunks`). Pad positions are masked either way, so the numbers are the same.
-3. Each prompt is computed once, not once per completion: the G completions of a group share its prompt, so
-   the distinct prompts run first, in one forward pass (`_prompt_forward`), and the completions attend to their
-   prompt's keys and values (`_completion_hidden_on_prompts`). Not under gradient checkpointing while training:
-   a checkpointed layer drops the cache (replaying it in backward would write the cache twice), so there each
-   length group runs prompt + completion in one pass (`_completion_hidden_one_pass`).
+3. Each prompt is computed once, not once per completion (a shared prefix): the G completions of a group share
+   its prompt, so the distinct prompts run first, in one forward pass (`_prompt_forward`), and the completions
+   attend to their prompt's keys and values (`_completion_hidden_on_prompts`). Backward sums each prompt's
+   gradient over its G completions, as the plain path does row by row. With prompts of ~200 tokens and
+   completions of ~500 that is a quarter of the training pass's matrix multiplies and activations saved at
+   G = 8. Under gradient checkpointing too: the caches here write once (`_RecordedPrompt`) or only read
+   (`_SharedPrompt`), so backward's replay of a checkpointed block reads what its forward read. Models with
+   sliding-window layers, and `share_prompts=False` (Config.shared_prefix), run prompt + completion in one pass
+   per length group (`_completion_hidden_one_pass`): the plain reference the tests compare with.
 
 Positions outside the completion mask come back as 0 on every path.
 """
@@ -29,6 +33,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .kv_cache import cache_argument
 from .models import AdapterDisabled, is_lora
@@ -90,6 +96,7 @@ def completion_logprobs(
     trim_padding: bool = True,
     block_tokens: int | None = None,
     entropy_grad: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient): the numbers of
     `plain_completion_logprobs` (within float rounding), computed as the module docstring says.
@@ -97,7 +104,8 @@ def completion_logprobs(
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
     trim_padding=False is the plain path. block_tokens: tokens per block of the head (default: BLOCK_ELEMENTS /
     vocabulary). entropy_grad: the entropy with its gradient (an entropy bonus, entropy_coef), which only the
-    plain path has: full logits, so the memory the head saves is spent.
+    plain path has: full logits, so the memory the head saves is spent. share_prompts=False: each row runs its own
+    prompt (the same numbers, G times the prompt's compute; see the module docstring, 3).
     """
     decoder, head, adapter_off = _decoder_and_head(model)
     if not trim_padding or head is None or entropy_grad:
@@ -106,7 +114,7 @@ def completion_logprobs(
                                          entropy_grad=entropy_grad)
     with adapter_off:
         hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, completion_ids,
-                                          completion_mask)  # (B, T, H)
+                                          completion_mask, share_prompts=share_prompts)  # (B, T, H)
         on_token = completion_mask.bool()  # only real tokens go through the head
         if block_tokens is None:
             block_tokens = max(1, BLOCK_ELEMENTS // head.out_features)
@@ -120,25 +128,37 @@ def completion_logprobs(
     return logp, entropy
 
 
-def completion_hidden_states(decoder, config, prompt_ids, prompt_mask, completion_ids, completion_mask):
+def completion_hidden_states(decoder, config, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                             share_prompts: bool = True):
     """The final hidden state that predicts each completion token, (B, T, H): position P + t - 1 for token t (the
     prompt's last position for token 0). The decoder is the model without its head (the final norm included).
-    Rows run in length groups, each trimmed to its own longest prompt and completion; pad positions are 0."""
+    Rows run in length groups, each trimmed to its own longest prompt and completion; pad positions are 0.
+    share_prompts: each distinct prompt runs once, its completions on top of its keys and values."""
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
-    share_prompts = not (decoder.training and checkpointing)  # see the module docstring, 3.
-    if share_prompts:
-        prompt_hidden, prompt_cache, which = _prompt_forward(decoder, config, prompt_ids, prompt_mask)
-    groups, inverse = trimmed_chunks(prompt_mask, completion_mask)
-    parts = []
-    for idx, p, t in groups:
-        rows = (prompt_ids[idx, P - p:], prompt_mask[idx, P - p:], completion_ids[idx, :t], completion_mask[idx, :t])
+    share_prompts = share_prompts and can_share_prompts(decoder, config)
+    with _cache_through_checkpoints(decoder) if share_prompts else contextlib.nullcontext():
         if share_prompts:
-            hidden = _completion_hidden_on_prompts(decoder, config, prompt_hidden, prompt_cache, which[idx], *rows[1:])
-        else:
-            hidden = _completion_hidden_one_pass(decoder, *rows)
-        parts.append(F.pad(hidden, (0, 0, 0, T - t)))  # (b, T, H)
+            prompt_hidden, prompt_cache, which = _prompt_forward(decoder, prompt_ids, prompt_mask)
+        groups, inverse = trimmed_chunks(prompt_mask, completion_mask)
+        parts = []
+        for idx, p, t in groups:
+            rows = (prompt_ids[idx, P - p:], prompt_mask[idx, P - p:], completion_ids[idx, :t], completion_mask[idx, :t])
+            if share_prompts:
+                hidden = _completion_hidden_on_prompts(decoder, prompt_hidden, prompt_cache, which[idx], *rows[1:])
+            else:
+                hidden = _completion_hidden_one_pass(decoder, *rows)
+            parts.append(F.pad(hidden, (0, 0, 0, T - t)))  # (b, T, H)
     return torch.cat(parts)[inverse]  # (B, T, H), in the caller's row order
+
+
+def can_share_prompts(decoder, config) -> bool:
+    """Whether completions can run on their prompt's keys and values here: every layer attends to the whole
+    sequence (a sliding window's cache keeps only its window), and, under gradient checkpointing while training,
+    this transformers lets a checkpointed layer keep its cache argument (`_can_checkpoint_with_cache`)."""
+    if not all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers):
+        return False
+    checkpointing = decoder.training and any(getattr(m, "gradient_checkpointing", False) for m in decoder.modules())
+    return not checkpointing or hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
 
 
 def trimmed_chunks(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tuple[list, torch.Tensor]:
@@ -183,34 +203,77 @@ def length_chunks(prompt_lengths: list[int], completion_lengths: list[int], chun
     return chunks[::-1]
 
 
-def _prompt_forward(decoder, config, prompt_ids, prompt_mask):
+class _RecordedPrompt(DynamicLayer):
+    """The prompt pass's cache layer: keeps the keys and values of its first call and returns the call's own
+    states every time, so a checkpointed block's replay in backward does not write them a second time."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states  # (U, heads, P, d)
+        return key_states, value_states
+
+
+class _SharedPrompt(DynamicLayer):
+    """A completion pass's cache layer: row b reads prompt which[b]'s keys and values (its last p columns) and
+    returns them followed by the completion's own. It stores nothing, so a checkpointed replay reads the same.
+    The indexing is differentiable: each completion's gradient flows into its prompt's keys and values."""
+
+    def __init__(self, prompt_layer, which, p):
+        super().__init__()
+        self.prompt_keys, self.prompt_values = prompt_layer.keys, prompt_layer.values  # (U, heads, P, d)
+        self.which, self.p = which, p
+
+    def get_seq_length(self) -> int:
+        return self.p
+
+    def update(self, key_states, value_states, *args, **kwargs):  # (b, heads, t, d) each
+        keys = torch.cat([self.prompt_keys[self.which, :, -self.p:], key_states], dim=-2)  # (b, heads, p + t, d)
+        values = torch.cat([self.prompt_values[self.which, :, -self.p:], value_states], dim=-2)
+        return keys, values
+
+
+@contextlib.contextmanager
+def _cache_through_checkpoints(decoder):
+    """Let gradient-checkpointed layers keep their cache argument (transformers drops it, since a cache written in
+    forward would be written again by backward's replay): the caches passed here write once or only read."""
+    layers = [m for m in decoder.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache  # the class's value again
+
+
+def _prompt_forward(decoder, prompt_ids, prompt_mask):
     """The distinct prompts of a batch (B, P), run once. Rows that share a prompt (the G completions of a group)
-    share its forward pass: returns the last position's hidden state (U, H) and the KV cache (U, ...) of the U
-    distinct prompts, and which[b], the distinct prompt of row b."""
+    share its forward pass: returns the last position's hidden state (U, H) and the keys and values (a Cache,
+    (U, heads, P, d) per layer) of the U distinct prompts, and which[b], the distinct prompt of row b."""
     prompts, which = torch.unique(prompt_ids, dim=0, return_inverse=True)  # (U, P), (B,)
     first = torch.zeros(len(prompts), dtype=torch.long, device=prompt_ids.device).scatter_(
         0, which.flip(0), torch.arange(len(which) - 1, -1, -1, device=prompt_ids.device))  # a row of each prompt
-    cache = DynamicCache(config=config)
+    cache = Cache(layers=[_RecordedPrompt() for _ in range(decoder.config.num_hidden_layers)])
     position_ids = (prompt_mask[first].cumsum(dim=1) - 1).clamp(min=0)  # real tokens only, as in generate()
+    # use_cache=False: the model neither makes nor returns a cache of its own; it still writes into this one.
     hidden = decoder(input_ids=prompts, attention_mask=prompt_mask[first], position_ids=position_ids,
-                     **cache_argument(decoder, cache), use_cache=True).last_hidden_state[:, -1]  # (U, H)
+                     **cache_argument(decoder, cache), use_cache=False).last_hidden_state[:, -1]  # (U, H)
     return hidden, cache, which
 
 
-def _completion_hidden_on_prompts(decoder, config, prompt_hidden, prompt_cache, which, prompt_mask, completion_ids,
+def _completion_hidden_on_prompts(decoder, prompt_hidden, prompt_cache, which, prompt_mask, completion_ids,
                                   completion_mask):
     """One length group: completions (b, t) on top of their prompts' keys and values; returns (b, t, H). Row b
-    picks prompt which[b] from the cache, keeping its last p columns (prompt_mask is (b, p): the group's prompts,
-    left padding trimmed). Indexing is differentiable, so every completion's gradient flows into its prompt."""
+    reads prompt which[b], keeping its last p columns (prompt_mask is (b, p): the group's prompts, left padding
+    trimmed)."""
     p = prompt_mask.shape[1]
-    cache = DynamicCache(config=config)
-    for layer_idx, prompt_layer in enumerate(prompt_cache.layers):
-        cache.update(prompt_layer.keys[which, :, -p:], prompt_layer.values[which, :, -p:], layer_idx)
+    cache = Cache(layers=[_SharedPrompt(layer, which, p) for layer in prompt_cache.layers])
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)  # (b, p + t)
     position_ids = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(completion_ids.shape[1],
                                                                        device=prompt_mask.device)  # (b, t)
     completion_hidden = decoder(input_ids=completion_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                **cache_argument(decoder, cache), use_cache=True).last_hidden_state  # (b, t, H)
+                                **cache_argument(decoder, cache), use_cache=False).last_hidden_state  # (b, t, H)
     # The prompt's last position predicts completion token 0; completion position t predicts token t + 1.
     return torch.cat([prompt_hidden[which].unsqueeze(1), completion_hidden[:, :-1]], dim=1)  # (b, t, H)
 

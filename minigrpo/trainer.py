@@ -170,9 +170,10 @@ def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tu
     needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or inputs.sampling_logp is not None
     model.eval()
     with torch.no_grad(), autocast():
-        inputs.old_logp = completion_logprobs(model, *ids, temperature=cfg.temperature)[0] if needs_old else None
+        options = dict(temperature=cfg.temperature, share_prompts=cfg.shared_prefix)
+        inputs.old_logp = completion_logprobs(model, *ids, **options)[0] if needs_old else None
         use_ref = cfg.beta > 0 and not cfg.kl_in_reward
-        inputs.ref_logp = completion_logprobs(ref_model, *ids, temperature=cfg.temperature)[0] if use_ref else None
+        inputs.ref_logp = completion_logprobs(ref_model, *ids, **options)[0] if use_ref else None
     # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
     inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
     return inputs, sampling_stats
@@ -226,7 +227,7 @@ def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_
     with autocast():
         logp, entropy = completion_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, temperature=cfg.temperature, with_entropy=True,
-                                            entropy_grad=cfg.entropy_coef > 0)
+                                            entropy_grad=cfg.entropy_coef > 0, share_prompts=cfg.shared_prefix)
     loss, stats = policy_loss(
         logp, logp.detach() if mb.old_logp is None else mb.old_logp, mb.adv, mb.loss_mask, loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
