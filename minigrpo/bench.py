@@ -112,7 +112,8 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
     stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length)
     _sync(device)
     step = clock.stop()
-    return {"rollout": rollout, "step": step, "tokens": int(inputs.loss_mask.sum().item()), "loss": stats[0]["loss"]}
+    return {"rollout": rollout, "step": step, "tokens": int(inputs.loss_mask.sum().item()), "loss": stats[0]["loss"],
+            "inputs": inputs}
 
 
 def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 memory.update(minigrpo=peak.peak, trl=trl_peak)
                 return
             out = minigrpo_step(model, tokenizer, optimizer, task, cfg, step_rows, reward_funcs, device)
+            out.pop("inputs")
             if index >= args.warmup:
                 results["trl"].append({"rollout": trl_rollout, "step": trl_step, "tokens": trl_tokens})
                 results["minigrpo"].append(out)

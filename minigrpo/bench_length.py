@@ -15,13 +15,26 @@ allocator peak, or on a CPU the peak resident set, reset before each step, whose
 OS first — so each measured step also pays its page faults, on both sides alike). The warm-up steps (Adam's
 moments are created there) are neither timed nor measured.
 
+Prompts: the task's (`--task`). The default, countdown, gives a real recipe's prompts: DeepSeek-R1's system prompt
+and a Countdown question in TRL's conversational format, through the stand-in's chat template and tokenizer
+(standin.py; the task ships no model of its own), ~224 tokens each. `--compare-shared-prefix` adds a third side,
+minigrpo with `shared_prefix=False` (every completion runs its prompt again, as TRL does), with its own copy of
+the weights and optimizer: the shared prefix's effect, measured in the same run.
+
+Achieved FLOP/s (`--flops`): the matrix-multiply FLOPs of minigrpo's training pass on each measured step's batch,
+counted by torch's FlopCounterMode on one extra forward + backward of the log-probs (what ran, recomputation of
+the head's blocks included), divided by the step's training CPU time (step - rollout), against this machine's
+matrix-multiply peak measured at the start (`matmul_peak`: a float32 (2048 x hidden) @ (hidden x intermediate)
+product, the MLP's shape, at the same thread count).
+
 Completion lengths: random weights never sample eos, so every completion runs to L. `--eos-probability p` adds
 a run at the largest L where, while sampling, every token is eos with probability p (`force_eos`): lengths are
 then geometric, mean about 1/p, cut at L — realistic spread within a group, where dropping finished rows and
 trimming padding pay. The two sides sample their own completions, so their token counts differ a little; the
 table says how many each had.
 
-    minigrpo bench-length                                   # Qwen2.5-0.5B's shape, 2 layers, G = 8
+    minigrpo bench-length                                   # Qwen2.5-0.5B's shape, 2 layers, G = 8, countdown
+    minigrpo bench-length --compare-shared-prefix --flops   # + minigrpo without the shared prefix, + FLOP/s
     minigrpo bench-length --lengths 64,128 --eos-probability 0 --json out.json --plot out.png
 
 Needs TRL (`pip install -e ".[bench]"`), imported lazily by bench.py.
@@ -34,17 +47,21 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step
 from .config import Config
+from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .peak_memory import PeakMemory
+from .prompts import encode_prompts
 from .tasks import get_task
 
-__all__ = ["force_eos", "compare_at_length", "main"]
+__all__ = ["force_eos", "compare_at_length", "matmul_peak", "training_pass_flops", "main"]
 
 LENGTHS = (64, 128, 256, 512)
 
@@ -99,28 +116,40 @@ def _side_step_callback(device, after, measured_from: int, stop_after: int):
 
 def compare_at_length(args, model_dir, tokenizer, task, rows, length: int, eos_probability: float | None) -> dict:
     """warm-up + timed steps of TRL and of minigrpo at max_completion_length = length, alternating; returns
-    {"trl": [...], "minigrpo": [...]}, one {"step": (wall, cpu), "peak": bytes, "tokens": n} per timed step."""
+    {"trl": [...], "minigrpo": [...]} (and "minigrpo, no shared prefix": [...] with --compare-shared-prefix), one
+    {"step": (wall, cpu), "peak": bytes, "tokens": n} per timed step (minigrpo's also "train_cpu", and with
+    --flops "flops": the training pass's matrix-multiply FLOPs)."""
     device = torch.device(args.device)
     step_args = argparse.Namespace(**{**vars(args), "max_completion_length": length})
-    model, _ = load_model_and_tokenizer(model_dir, device)
-    cfg = Config(model_name_or_path=str(model_dir), task=task.name, num_generations=args.num_generations,
-                 generation_batch_size=args.prompts * args.num_generations, max_completion_length=length,
-                 temperature=args.temperature, loss_type=args.loss_type, learning_rate=args.learning_rate, beta=0.0,
-                 seed=args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
-    results, captured = {"trl": [], "minigrpo": []}, {}
+    sides = {"minigrpo": True, **({UNSHARED: False} if args.compare_shared_prefix else {})}  # side: shared_prefix
+    runners = {}
+    for side, shared_prefix in sides.items():
+        model, _ = load_model_and_tokenizer(model_dir, device)
+        cfg = Config(model_name_or_path=str(model_dir), task=task.name, num_generations=args.num_generations,
+                     generation_batch_size=args.prompts * args.num_generations, max_completion_length=length,
+                     temperature=args.temperature, loss_type=args.loss_type, learning_rate=args.learning_rate,
+                     beta=0.0, seed=args.seed, shared_prefix=shared_prefix)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
+        runners[side] = (model, cfg, optimizer)
+    results, captured = {"trl": [], **{side: [] for side in sides}}, {}
 
     def run_minigrpo(index, trl_result):
-        """Right after TRL's step `index`: keep its figures, then minigrpo's step on the same prompts."""
+        """Right after TRL's step `index`: keep its figures, then each minigrpo side's step on the same prompts."""
         trl_result["tokens"] = captured.pop("tokens")
         step_rows = rows[index * args.prompts:(index + 1) * args.prompts]
-        torch.manual_seed(args.seed + index)
         measured = index >= args.warmup
-        with PeakMemory(device) if measured else _NoMemory() as peak:
-            out = minigrpo_step(model, tokenizer, optimizer, task, cfg, step_rows, [task.correctness_reward], device)
         if measured:
             results["trl"].append(trl_result)
-            results["minigrpo"].append({"step": out["step"], "peak": peak.peak, "tokens": out["tokens"]})
+        for side, (model, cfg, optimizer) in runners.items():
+            torch.manual_seed(args.seed + index)  # the same completions on every minigrpo side
+            with PeakMemory(device) if measured else _NoMemory() as peak:
+                out = minigrpo_step(model, tokenizer, optimizer, task, cfg, step_rows, [task.correctness_reward],
+                                    device)
+            if measured:
+                train_cpu = out["step"][1] - out["rollout"][1]
+                flops = training_pass_flops(model, out["inputs"], cfg) if args.flops else None
+                results[side].append({"step": out["step"], "train_cpu": train_cpu, "peak": peak.peak,
+                                      "tokens": out["tokens"], "flops": flops})
 
     callback = _side_step_callback(device, run_minigrpo, args.warmup, args.warmup + args.steps)
     with tempfile.TemporaryDirectory(prefix="minigrpo-bench-length-") as out_dir:
@@ -136,13 +165,63 @@ def compare_at_length(args, model_dir, tokenizer, task, rows, length: int, eos_p
         hooks = []
         if eos_probability:
             eos = tokenizer.eos_token_id
-            hooks = [force_eos(m, eos, eos_probability) for m in (model, trainer.model)]
+            models = [trainer.model] + [model for model, _, _ in runners.values()]
+            hooks = [force_eos(m, eos, eos_probability) for m in models]
         trainer.train()
         for hook in hooks:
             hook.remove()
-    del trainer, model, optimizer
+    del trainer, runners
     gc.collect()
     return results
+
+
+def task_tokenizer(task, tmp: Path):
+    """(tokenizer, where it came from): the task's shipped model's, else the stand-in's (standin.py: Qwen2.5's
+    chat template, a small vocabulary), built in tmp, for tasks meant for a hub model (countdown, gsm8k)."""
+    if (Path(task.model_dir) / "config.json").is_file():
+        return load_model_and_tokenizer(task.model_dir, "cpu")[1], "task's model"
+    from .standin import make_standin_chat_model
+
+    return load_model_and_tokenizer(make_standin_chat_model(tmp / "standin"), "cpu")[1], "stand-in"
+
+
+def training_pass_flops(model, inputs, cfg: Config) -> int:
+    """The matrix-multiply FLOPs of one training pass over a batch: forward + backward of its log-probs, as
+    grpo_update runs them (one mini-batch, the loss's gradient w.r.t. each log-prob taken as 1), counted by
+    torch's FlopCounterMode (matmuls and attention; elementwise work is not counted). Gradients are cleared after."""
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        logp, _ = completion_logprobs(model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
+                                      inputs.completion_mask, temperature=cfg.temperature, with_entropy=True,
+                                      share_prompts=cfg.shared_prefix)
+        (logp * inputs.loss_mask).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def matmul_peak(hidden_size: int, intermediate_size: int, *, device=torch.device("cpu"), rows: int = 2048,
+                seconds: float = 3.0) -> float:
+    """This machine's float32 matrix-multiply rate in FLOP/s of CPU time (GPU: wall time): (rows x hidden) @
+    (hidden x intermediate), a decoder MLP's product, repeated for about `seconds` after one warm-up; the best of
+    five rounds."""
+    a = torch.randn(rows, hidden_size, device=device)
+    b = torch.randn(hidden_size, intermediate_size, device=device)
+    flops = 2 * rows * hidden_size * intermediate_size
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
+    a @ b  # warm-up
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds / 5 or n < 1:  # how many products fill a round
+        a @ b
+        n += 1
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        t0 = clock()
+        for _ in range(n):
+            a @ b
+        _sync(device)
+        best = min(best, clock() - t0)
+    return flops * n / max(best, 1e-9)
 
 
 class _NoMemory:
@@ -158,11 +237,13 @@ class _NoMemory:
 # ---------------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------------
+UNSHARED = "minigrpo, no shared prefix"
+
+
 def summarize(length: int, eos_probability: float | None, completions: int, results: dict) -> dict:
-    """Medians over the timed steps, per side, and the minigrpo/TRL ratios."""
+    """Medians over the timed steps, per side, and each minigrpo side's ratios to TRL."""
     row = {"length": length, "eos_probability": eos_probability, "completions": completions}
-    for side in ("minigrpo", "trl"):
-        steps = results[side]
+    for side, steps in results.items():
         row[side] = {
             "step_wall": statistics.median(s["step"][0] for s in steps),
             "step_cpu": statistics.median(s["step"][1] for s in steps),
@@ -170,25 +251,51 @@ def summarize(length: int, eos_probability: float | None, completions: int, resu
             "tokens": statistics.median(s["tokens"] for s in steps),
             "steps": len(steps),
         }
-    for key in ("step_wall", "step_cpu", "peak_bytes"):
-        mg, trl = row["minigrpo"][key], row["trl"][key]
-        row[f"{key}_ratio"] = mg / trl if mg is not None and trl else None
+        if steps[0].get("flops") is not None:  # achieved matrix-multiply FLOP/s of the training pass
+            row[side]["train_flops_per_s"] = statistics.median(s["flops"] / s["train_cpu"] for s in steps)
+            row[side]["train_flops"] = statistics.median(s["flops"] for s in steps)
+    for side, prefix in (("minigrpo", ""), (UNSHARED, "unshared_")):
+        if side in results:
+            for key in ("step_wall", "step_cpu", "peak_bytes"):
+                mg, trl = row[side][key], row["trl"][key]
+                row[f"{prefix}{key}_ratio"] = mg / trl if mg is not None and trl else None
     return row
 
 
-def format_table(rows: list[dict]) -> str:
-    """A Markdown table: per length, tokens per step, step time and peak memory of each side, and the ratios."""
+def format_table(rows: list[dict], peak_flops: float | None = None) -> str:
+    """A Markdown table: per length, tokens per step, step time and peak memory of each side, and the ratios to TRL
+    (with a minigrpo side without the shared prefix: its ratios too; with FLOP counts: the training pass's
+    achieved GFLOP/s and its share of the matrix-multiply peak)."""
     mib = lambda b: "n/a" if b is None else f"{b / 2**20:,.0f}"  # noqa: E731
     ratio = lambda r: "n/a" if r is None else f"{r:.2f}"  # noqa: E731
-    lines = ["| completions | tokens/step minigrpo / TRL | step CPU s minigrpo / TRL | step ratio (CPU, wall) "
-             "| peak MiB minigrpo / TRL | peak ratio |", "|---|---|---|---|---|---|"]
+    unshared = UNSHARED in rows[0]
+    flops = "train_flops_per_s" in rows[0]["minigrpo"]
+    header = ("| completions | tokens/step minigrpo / TRL | step CPU s minigrpo / TRL | step ratio (CPU, wall) "
+              "| peak MiB minigrpo / TRL | peak ratio |")
+    if unshared:
+        header += " no shared prefix: step CPU s, ratio (CPU) | peak MiB, ratio |"
+    if flops:
+        header += " training GFLOP/s (share of peak) |"
+    lines = [header, "|" + "---|" * header.count(" |")]
     for r in rows:
         mg, trl = r["minigrpo"], r["trl"]
         lengths = f"{r['length']} tokens" if not r["eos_probability"] else (
             f"up to {r['length']}, eos p = 1/{1 / r['eos_probability']:.0f}")
-        lines.append(f"| {lengths} | {mg['tokens']:.0f} / {trl['tokens']:.0f} | {mg['step_cpu']:.3g} / "
-                     f"{trl['step_cpu']:.3g} | {ratio(r['step_cpu_ratio'])}, {ratio(r['step_wall_ratio'])} | "
-                     f"{mib(mg['peak_bytes'])} / {mib(trl['peak_bytes'])} | **{ratio(r['peak_bytes_ratio'])}** |")
+        line = (f"| {lengths} | {mg['tokens']:.0f} / {trl['tokens']:.0f} | {mg['step_cpu']:.3g} / "
+                f"{trl['step_cpu']:.3g} | {ratio(r['step_cpu_ratio'])}, {ratio(r['step_wall_ratio'])} | "
+                f"{mib(mg['peak_bytes'])} / {mib(trl['peak_bytes'])} | **{ratio(r['peak_bytes_ratio'])}** |")
+        if unshared:
+            un = r[UNSHARED]
+            line += (f" {un['step_cpu']:.3g}, {ratio(r['unshared_step_cpu_ratio'])} | {mib(un['peak_bytes'])}, "
+                     f"{ratio(r['unshared_peak_bytes_ratio'])} |")
+        if flops:
+            shares = []
+            for side in ("minigrpo", UNSHARED) if unshared else ("minigrpo",):
+                achieved = r[side]["train_flops_per_s"]
+                share = f" ({achieved / peak_flops:.0%})" if peak_flops else ""
+                shares.append(f"{achieved / 1e9:.1f}{share}")
+            line += " " + " / ".join(shares) + " |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -200,7 +307,12 @@ def parse_args(argv):
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated completion lengths")
     p.add_argument("--eos-probability", type=float, default=1 / 256,
                    help="adds a run at the largest length with this eos probability per token (0: none)")
-    p.add_argument("--task", default="think_addition", help="whose prompts and tokenizer")
+    p.add_argument("--task", default="countdown",
+                   help="whose prompts (and tokenizer: the task's shipped model's, else the stand-in's)")
+    p.add_argument("--compare-shared-prefix", action="store_true",
+                   help="add a minigrpo side with shared_prefix=False (every completion runs its prompt again)")
+    p.add_argument("--flops", action="store_true",
+                   help="count the training pass's matrix-multiply FLOPs; report FLOP/s against a measured peak")
     p.add_argument("--prompts", type=int, default=1, help="prompts per step")
     p.add_argument("--num-generations", type=int, default=8, help="G")
     p.add_argument("--steps", type=int, default=1, help="timed (and measured) steps per side and length")
@@ -237,18 +349,23 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     task = get_task(args.task)
-    _, tokenizer = load_model_and_tokenizer(task.model_dir, "cpu")
     rows = task.load("train")[: (args.warmup + args.steps + 1) * args.prompts]  # TRL's loop asks one step ahead
     runs = [(length, None) for length in args.lengths]
     if args.eos_probability:
         runs.append((max(args.lengths), args.eos_probability))
     summary = []
     with tempfile.TemporaryDirectory(prefix="minigrpo-bench-length-") as tmp:
+        tokenizer, tokenizer_source = task_tokenizer(task, Path(tmp))
         model_dir = build_model_dir(args, task, tokenizer, Path(tmp))
         config = transformers.AutoConfig.from_pretrained(model_dir)
+        prompt_tokens = [len(ids) for ids in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
+        peak_flops = (matmul_peak(config.hidden_size, config.intermediate_size, device=torch.device(args.device))
+                      if args.flops else None)
         settings = dict(shape=args.shape, num_hidden_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
                         vocab_size=config.vocab_size, prompts=args.prompts, num_generations=args.num_generations,
                         steps=args.steps, warmup=args.warmup, threads=torch.get_num_threads(), device=args.device,
+                        task=task.name, tokenizer=tokenizer_source, prompt_tokens=statistics.median(prompt_tokens),
+                        matmul_peak_flops=peak_flops,
                         torch=torch.__version__, transformers=transformers.__version__, trl=trl.__version__)
         print(f"minigrpo bench-length: {args.shape} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
               f"vocab {config.vocab_size}, random weights), {args.prompts} prompt(s) x G={args.num_generations} a "
@@ -256,12 +373,15 @@ def main(argv: list[str] | None = None) -> int:
               f"bf16=False gradient_checkpointing=False use_liger_kernel=False; torch threads "
               f"{torch.get_num_threads()}, torch {torch.__version__}, transformers {transformers.__version__}, "
               f"trl {trl.__version__}", flush=True)
+        print(f"  prompts: {task.name}'s, through the {tokenizer_source}'s chat template and tokenizer, "
+              f"{min(prompt_tokens)}-{max(prompt_tokens)} tokens (median {statistics.median(prompt_tokens):.0f})"
+              + (f"; float32 matmul peak {peak_flops / 1e9:.1f} GFLOP/s" if peak_flops else ""), flush=True)
         for length, eos_probability in runs:
             results = compare_at_length(args, model_dir, tokenizer, task, rows, length, eos_probability)
             summary.append(summarize(length, eos_probability, args.prompts * args.num_generations, results))
-            print(format_table(summary[-1:]).splitlines()[-1], flush=True)
+            print(format_table(summary[-1:], peak_flops).splitlines()[-1], flush=True)
     print()
-    print(format_table(summary))
+    print(format_table(summary, peak_flops))
     print("(medians over the measured steps; peak: memory a step adds above what was live at its start)")
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": settings, "rows": summary}, indent=2))

@@ -168,7 +168,9 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
         activations  an estimate of what the forward keeps for backward: 34 h bytes per token and layer with 16-bit
                      activations and an attention kernel that stores no score matrix (Korthikanti et al. 2022,
                      "Reducing Activation Recomputation", eq. 2 less its 5 a s term), doubled in float32, for a
-                     mini-batch of (prompt_length + max_completion_length)-token sequences; with
+                     micro-batch of (prompt_length + max_completion_length)-token sequences, each distinct
+                     prompt counted once (shared_prefix; `distinct_prompts`) plus every row's copy of its prompt's
+                     keys and values (2 x kv heads x head size values per prompt token and layer); with
                      gradient_checkpointing, each layer's input (h values per token) plus one layer's 34 h
 
     Left out: the KV cache while sampling, the CUDA context (~0.5 GB), allocator slack and fragmentation.
@@ -194,17 +196,34 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
     activation_bytes = 2 if (cfg.bf16 or cfg.dtype != "float32") else 4
-    tokens = mini_batch * (prompt_length + completion_length)
+    prompts = distinct_prompts(mini_batch, cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation)
+    prompts = prompts if cfg.shared_prefix else mini_batch
+    tokens = prompts * prompt_length + mini_batch * completion_length  # through the model, each prompt once if shared
     layer_bytes = 34 * config.hidden_size * activation_bytes // 2  # per token: Korthikanti's 34 h in 16 bits
+    kv_size = config.num_key_value_heads * (getattr(config, "head_dim", None)
+                                            or config.hidden_size // config.num_attention_heads)
+    # shared: each row attends to its own copy of its prompt's keys and values (2 kv_size per prompt token)
+    prompt_kv_copies = mini_batch * prompt_length * 2 * kv_size * activation_bytes if cfg.shared_prefix else 0
     if cfg.gradient_checkpointing:  # every layer's input kept, one layer's activations at a time (recomputed)
-        per_token = config.num_hidden_layers * config.hidden_size * activation_bytes + layer_bytes
+        activations = tokens * (config.num_hidden_layers * config.hidden_size * activation_bytes + layer_bytes)
+        activations += prompt_kv_copies  # one layer's at a time
     else:
-        per_token = config.num_hidden_layers * layer_bytes
-    activations = tokens * per_token
+        activations = (tokens * layer_bytes + prompt_kv_copies) * config.num_hidden_layers
     return {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
             "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length,
-            "prompt_length": prompt_length,
+            "prompt_length": prompt_length, "prompts": prompts,
             "floor": row["total"] + reference + logits + activations}
+
+
+def distinct_prompts(micro_batch: int, group_size: int, generation_batch_size: int, steps_per_generation: int) -> int:
+    """The most distinct prompts one micro-batch of the training pass holds. trainer.grpo_update cuts a mini-batch's
+    rows, sorted (groups are consecutive rows), into micro-batches: with one mini-batch per generation (all rows)
+    m consecutive rows span ceil(m / G) groups when they line up with them, one more when not; a mini-batch drawn
+    at random from several holds parts of up to every group."""
+    if steps_per_generation > 1:
+        return min(micro_batch, generation_batch_size // group_size)
+    aligned = micro_batch % group_size == 0 or group_size % micro_batch == 0
+    return -(-micro_batch // group_size) + (0 if aligned else 1)
 
 
 def format_recipe_table(path: str, floor: dict) -> str:
@@ -214,8 +233,8 @@ def format_recipe_table(path: str, floor: dict) -> str:
             ("reference model (beta > 0, no LoRA)", floor["reference"]),
             (f"logits, one block of the head ({floor['block_tokens']} tokens x vocabulary, 3 float32 copies)",
              floor["logits"]),
-            (f"activations, estimated ({floor['mini_batch']} x ({floor['prompt_length']} + "
-             f"{floor['completion_length']}) tokens)", floor["activations"]), ("**total**", floor["floor"])]
+            (f"activations, estimated ({floor['prompts']} x {floor['prompt_length']} prompt + {floor['mini_batch']} x "
+             f"{floor['completion_length']} completion tokens)", floor["activations"]), ("**total**", floor["floor"])]
     lines = [f"`{path}` ({floor['setup']}: {floor['trainable_params']:,} trainable of {floor['total_params']:,})", "",
              "| part | GiB |", "|---|---|"] + [f"| {name} | {gib(b)} |" for name, b in rows]
     return "\n".join(lines)

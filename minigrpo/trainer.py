@@ -202,7 +202,10 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
         for mb in torch.randperm(N).split(N // cfg.steps_per_generation):  # the same on every rank
             optimizer.zero_grad(set_to_none=True)
             micro_stats = []
-            for micro in mb.split(len(mb) // cfg.gradient_accumulation_steps):
+            # Micro-batches of whole groups where they can be (rows i*G .. i*G+G-1 share a prompt, so sorted rows
+            # keep groups together): each holds few distinct prompts, which the shared prefix runs once each.
+            micro_batches = mb.sort().values if cfg.gradient_accumulation_steps > 1 else mb
+            for micro in micro_batches.split(len(mb) // cfg.gradient_accumulation_steps):
                 loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
                                                num_items_in_batch=num_tokens / cfg.steps_per_generation / W)
                 if cfg.gradient_accumulation_steps > 1 or (micro_batch_share(cfg.loss_type) == "tokens" and W > 1):

@@ -67,3 +67,22 @@ def test_bench_length_runs_end_to_end_on_a_tiny_shape(tmp_path, capsys, one_thre
         assert r["minigrpo"]["tokens"] <= 4 * r["length"] and r["trl"]["tokens"] <= 4 * r["length"]
         assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("peak_bytes_ratio", "step_cpu_ratio"))
     assert (tmp_path / "bench.png").stat().st_size > 10_000
+
+
+def test_bench_length_compares_the_shared_prefix_and_counts_flops(tmp_path, capsys, one_thread):
+    """Countdown's prompts (R1's system prompt and a question, ~224 tokens through the stand-in's chat template) with
+    completions of 4 tokens: with the prompt run once per group, the training pass does far fewer FLOPs."""
+    pytest.importorskip("trl")
+    out = tmp_path / "bench.json"
+    assert main(["--shape", "test", "--lengths", "4", "--eos-probability", "0", "--num-generations", "4",
+                 "--compare-shared-prefix", "--flops", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "prompts: countdown's, through the stand-in's chat template" in printed
+    assert "no shared prefix" in printed and "GFLOP/s" in printed
+    result = json.loads(out.read_text())
+    assert 200 < result["settings"]["prompt_tokens"] < 250 and result["settings"]["matmul_peak_flops"] > 0
+    (row,) = result["rows"]
+    shared, unshared = row["minigrpo"], row["minigrpo, no shared prefix"]
+    # 4 completions x (224 + 4) tokens, against 224 + 4 x 4: about a quarter of the FLOPs.
+    assert shared["train_flops"] < 0.5 * unshared["train_flops"]
+    assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("unshared_step_cpu_ratio", "unshared_peak_bytes_ratio"))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minigrpo.cli import main
 from minigrpo.config import ConfigError, load_config
-from minigrpo.memory import HUB_SHAPES, qwen_config, recipe_floor
+from minigrpo.memory import HUB_SHAPES, distinct_prompts, qwen_config, recipe_floor
 from minigrpo.prompts import completions_for_rewards, is_conversational
 from minigrpo.rewards import RewardError, load_reward_func, r1_format, r1_format_soft
 from minigrpo.tasks import DataError, get_task
@@ -202,17 +202,36 @@ def test_every_recipe_loads_and_its_memory_is_computed(recipe):
     cfg = load_config(str(recipe))
     assert cfg.model_name_or_path and get_task(cfg.task)
     floor = recipe_floor(cfg)
-    # activations: mini-batch x (200 + completion) tokens x layers x 34 h bytes (16-bit activations under bf16)
+    # activations (16-bit under bf16): each distinct prompt of a mini-batch once (200 tokens), every completion, 34 h
+    # bytes per token and layer, plus each row's copy of its prompt's keys and values (2 x kv heads x head size)
     shape = qwen_config(HUB_SHAPES[cfg.model_name_or_path])
-    micro_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps
-    tokens = micro_batch * (200 + cfg.max_completion_length)
-    assert floor["activations"] == tokens * shape.num_hidden_layers * 34 * shape.hidden_size
+    mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps
+    # one mini-batch per generation, micro-batches of 8 sorted rows: within one group of G = 8 or 16
+    assert cfg.steps_per_generation == 1 and cfg.num_generations % mini_batch == 0
+    prompts = 1
+    tokens = prompts * 200 + mini_batch * cfg.max_completion_length
+    kv_size = shape.num_key_value_heads * (getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads)
+    kv_copies = mini_batch * 200 * 2 * kv_size * 2
+    assert floor["activations"] == (tokens * 34 * shape.hidden_size + kv_copies) * shape.num_hidden_layers
+    # every row running its own prompt (shared_prefix false): mini-batch x (200 + completion) tokens
+    unshared = recipe_floor(load_config(None, {**cfg.to_dict(), "shared_prefix": False}))
+    assert unshared["activations"] == (mini_batch * (200 + cfg.max_completion_length) * shape.num_hidden_layers
+                                       * 34 * shape.hidden_size) > floor["activations"]
     # logits: one block of the head (2^25 logits: 220 tokens x 151,936), 3 float32 copies (logprobs.py)
     assert floor["logits"] == 3 * 220 * 151936 * 4
     # gradient_checkpointing: every layer's input (h values per token, 2 bytes) and one layer's 34 h
     checkpointed = recipe_floor(load_config(None, {**cfg.to_dict(), "gradient_checkpointing": True}))
-    assert checkpointed["activations"] == tokens * (shape.num_hidden_layers * 2 + 34) * shape.hidden_size
+    assert checkpointed["activations"] == (tokens * (shape.num_hidden_layers * 2 + 34) * shape.hidden_size
+                                           + kv_copies)
     assert floor["floor"] == floor["total"] + floor["reference"] + floor["logits"] + floor["activations"]
+
+
+def test_distinct_prompts_in_a_micro_batch_by_hand():
+    # G = 8, 64 rows sorted into micro-batches: of 8 rows (one group each), 16 (two), 4 (half a group), 12 (rows
+    # 0-11, 12-23, ...: some span two groups, others three: at most ceil(12 / 8) + 1 = 3)
+    assert [distinct_prompts(m, 8, 64, 1) for m in (8, 16, 4, 12)] == [1, 2, 1, 3]
+    # random mini-batches (steps_per_generation 2) hold rows of any group: up to every prompt, or one per row
+    assert distinct_prompts(8, 8, 64, 2) == 8 and distinct_prompts(32, 8, 64, 2) == 8
 
 
 def test_quantizing_the_base_shrinks_the_recipe_floor():

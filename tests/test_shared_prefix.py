@@ -143,3 +143,20 @@ def test_a_training_step_is_the_same_with_and_without_the_shared_prefix(case, ch
         assert one.keys() == other.keys()
         for key in one:
             assert one[key] == pytest.approx(other[key], rel=1e-4, abs=1e-6), key
+
+
+def test_micro_batches_take_whole_groups(monkeypatch):
+    """With gradient accumulation a mini-batch's rows are cut in sorted order, so a micro-batch holds whole groups
+    (one prompt for the shared prefix to run per G rows), whatever order the mini-batch was drawn in."""
+    import minigrpo.trainer as trainer
+
+    seen = []
+    monkeypatch.setattr(trainer, "micro_batch_loss", lambda model, inputs, rows, *args, **kw: (
+        seen.append(rows.tolist()) or (torch.zeros((), requires_grad=True), {})))
+    monkeypatch.setattr(trainer, "merge_micro_stats", lambda stats: {})
+    model = torch.nn.Linear(1, 1)
+    cfg = Config(num_generations=4, generation_batch_size=16, gradient_accumulation_steps=2)
+    inputs = Batch.of_completions(torch.ones(16, 2, dtype=torch.long), torch.ones(16, 2, dtype=torch.long),
+                                  torch.ones(16, 3, dtype=torch.long), torch.ones(16, 3), adv=torch.zeros(16))
+    grpo_update(model, torch.optim.SGD(model.parameters(), lr=0.0), inputs, cfg, max_completion_length=3)
+    assert [sorted({row // 4 for row in rows}) for rows in seen] == [[0, 1], [2, 3]]  # groups of rows 4i .. 4i+3
