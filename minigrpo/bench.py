@@ -20,6 +20,10 @@ untimed step per side (see `PeakMemory`).
 Loss check: on one batch TRL generated, TRL's `compute_loss` and minigrpo's `completion_logprobs` +
 `policy_loss` run on the same weights; the losses, the per-token log-probs and the gradients are compared.
 
+Prompts: the task's (`--task`); `--task countdown --shape qwen2.5-0.5b` gives a real recipe's (DeepSeek-R1's system
+prompt and a Countdown question through the stand-in's chat template and tokenizer, ~224 tokens: the task ships
+no model, so its tokenizer is the stand-in's, standin.py).
+
 Then the rollout alone: minigrpo's `sample_completions` (its own decode loop) against `sample_completions_hf`
 (HF `model.generate`, same settings: pure sampling, top_k=0), decode tokens per second and their ratio.
 
@@ -45,6 +49,7 @@ from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
 from .objectives import policy_loss
 from .peak_memory import PeakMemory
+from .prompts import encode_prompts
 from .rollout import sample_completions, sample_completions_hf
 from .tasks import get_task
 from .trainer import grpo_update
@@ -257,10 +262,22 @@ def _mib(x):
     return "n/a" if x is None else f"{x / 2**20:.0f} MiB"
 
 
+def task_tokenizer(task, tmp: Path):
+    """(tokenizer, where it came from): the task's shipped model's, else the stand-in's (standin.py: Qwen2.5's
+    chat template, a small vocabulary), built in tmp, for tasks meant for a hub model (countdown, gsm8k)."""
+    if (Path(task.model_dir) / "config.json").is_file():
+        return load_model_and_tokenizer(task.model_dir, "cpu")[1], "task's model"
+    from .standin import make_standin_chat_model
+
+    return load_model_and_tokenizer(make_standin_chat_model(tmp / "standin"), "cpu")[1], "stand-in"
+
+
 def build_model_dir(args, task, tokenizer, tmp: Path) -> Path:
     if args.model:
         return Path(args.model)
     if args.shape == "tiny":
+        if not (Path(task.model_dir) / "config.json").is_file():
+            raise SystemExit(f"minigrpo bench: the {task.name} task ships no model; give --shape (e.g. qwen2.5-0.5b)")
         return task.model_dir
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -317,13 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     task = get_task(args.task)
-    _, tokenizer = load_model_and_tokenizer(task.model_dir, "cpu")
     n_steps = args.warmup + args.steps + 1  # + 1 untimed step for peak memory
     rows = task.load("train")[: n_steps * args.prompts]
     if len(rows) < n_steps * args.prompts:
         raise SystemExit(f"the {task.name} train split has {len(rows)} rows, fewer than steps x prompts")
 
     with tempfile.TemporaryDirectory(prefix="minigrpo-bench-") as tmp:
+        tokenizer, tokenizer_source = task_tokenizer(task, Path(tmp))
         model_dir = build_model_dir(args, task, tokenizer, Path(tmp))
         model, tokenizer = load_model_and_tokenizer(model_dir, device)
         n_params = sum(p.numel() for p in model.parameters())
@@ -384,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {P} prompts x G={G} = {P * G} completions, max_completion_length {L}, loss_type {args.loss_type}, "
               f"beta 0, num_iterations 1, lr {args.learning_rate} constant, float32, temperature {args.temperature}, "
               f"top_p 1, top_k 0; TRL: bf16=False, gradient_checkpointing=False, use_vllm=False, optim adamw_torch")
+        prompt_tokens = [len(ids) for ids in encode_prompts(tokenizer, [row["prompt"] for row in rows])]
+        print(f"  prompts: {task.name}'s, through the {tokenizer_source}'s tokenizer (and chat template), "
+              f"{min(prompt_tokens)}-{max(prompt_tokens)} tokens")
         print(f"  device {device}, torch threads {torch.get_num_threads()}, torch {torch.__version__}, "
               f"transformers {transformers.__version__}, trl {trl.__version__}")
         sys.stdout.flush()

@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step
+from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer
 from .config import Config
 from .logprobs import completion_logprobs
 from .models import load_model_and_tokenizer
@@ -173,16 +173,6 @@ def compare_at_length(args, model_dir, tokenizer, task, rows, length: int, eos_p
     del trainer, runners
     gc.collect()
     return results
-
-
-def task_tokenizer(task, tmp: Path):
-    """(tokenizer, where it came from): the task's shipped model's, else the stand-in's (standin.py: Qwen2.5's
-    chat template, a small vocabulary), built in tmp, for tasks meant for a hub model (countdown, gsm8k)."""
-    if (Path(task.model_dir) / "config.json").is_file():
-        return load_model_and_tokenizer(task.model_dir, "cpu")[1], "task's model"
-    from .standin import make_standin_chat_model
-
-    return load_model_and_tokenizer(make_standin_chat_model(tmp / "standin"), "cpu")[1], "stand-in"
 
 
 def training_pass_flops(model, inputs, cfg: Config) -> int:

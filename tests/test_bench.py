@@ -24,3 +24,21 @@ def test_bench_against_trl_prints_ratios_and_a_matching_loss(capsys):
     # Same completions, same weights: the two losses agree (the line prints their difference).
     difference = next(line for line in out.splitlines() if line.startswith("loss difference"))
     assert abs(float(difference.split(":")[1])) < 1e-5
+
+
+def test_bench_against_trl_on_a_recipes_prompts(capsys):
+    """Countdown's conversational prompts (R1's system prompt and a question) through the stand-in's chat template:
+    TRL applies the template, minigrpo too, and on TRL's own batch the losses agree (the shared prefix included)."""
+    code = main(["bench", "--against", "trl", "--task", "countdown", "--shape", "test", "--prompts", "2",
+                 "--num-generations", "2", "--max-completion-length", "4", "--steps", "1", "--no-rollout"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"prompts: countdown's, through the stand-in's tokenizer \(and chat template\), 2\d\d-2\d\d tokens",
+                     out)
+    difference = next(line for line in out.splitlines() if line.startswith("loss difference"))
+    assert abs(float(difference.split(":")[1])) < 1e-5
+
+
+def test_a_task_without_a_model_needs_a_shape():
+    with pytest.raises(SystemExit, match="ships no model; give --shape"):
+        main(["bench", "--against", "trl", "--task", "countdown"])
