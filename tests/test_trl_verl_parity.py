@@ -2,8 +2,8 @@
 
 TRL 1.16 (`GRPOTrainer._compute_loss`, called unbound on a fake trainer as in tests/test_trl_parity.py): luspo,
 vespo (with and without the vLLM sampler weights), off_policy_mask_threshold, top_entropy_quantile,
-entropy_coef and use_bias_correction_kl. verl's core_algos (`pip install --no-deps verl==0.9.1` + what it
-imports, as .ci/run does): dual-clip (= minigrpo's delta), gpg, clip_cov, kl_cov, and the advantage estimators
+entropy_coef and use_bias_correction_kl. verl's core_algos (`pip install --no-deps -r tests/verl-requirements.txt`,
+part of the README's test command): dual-clip (= minigrpo's delta), gpg, clip_cov, kl_cov, and the advantage estimators
 reinforce_plus_plus(_baseline), opo, grpo_passk, gpg and gdpo. Float64, many random batches per case.
 """
 
