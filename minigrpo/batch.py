@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from . import advantages, distributed
 from .advantages import gfpo_keep, kl_penalized_rewards
+from .engines import sampling_options
 from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
@@ -145,7 +146,7 @@ class ToolSetup:
 
     def sample(self, engine, prompts: list, *, num_generations: int, max_completion_length: int, **sampling):
         """The multi-turn rollout of these prompts with these tools (tools/loop.py); sampling: temperature, top_p,
-        do_sample, chat_template_kwargs."""
+        top_k, do_sample, chat_template_kwargs."""
         from .tools import sample_with_tools
 
         return sample_with_tools(engine, engine.tokenizer, prompts, tools=self.tools, num_generations=num_generations,
@@ -224,9 +225,10 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     if cfg.kl_in_reward and cfg.beta > 0:
         with torch.no_grad():
             ids = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-            logp, _ = completion_logprobs(policy, *ids, temperature=cfg.temperature, share_prompts=cfg.shared_prefix)
-            ref_logp, _ = completion_logprobs(ref_model, *ids, temperature=cfg.temperature,
-                                              share_prompts=cfg.shared_prefix)
+            options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                           share_prompts=cfg.shared_prefix)
+            logp, _ = completion_logprobs(policy, *ids, **options)
+            ref_logp, _ = completion_logprobs(ref_model, *ids, **options)
         batch.rewards = kl_penalized_rewards(rewards, logp.cpu(), ref_logp.cpu(), batch.policy_mask.cpu(), cfg.beta)
     if cfg.num_remains_in_group:  # GFPO: train on the k shortest (or most reward per token) of each group
         lengths = batch.policy_mask.sum(-1).cpu()
@@ -246,11 +248,11 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
 
 def _sample(cfg, engine, prompts: list, max_len: int, tools: ToolSetup | None):
     """G completions per prompt: the engine's single-turn sampling, or the multi-turn rollout with tools."""
+    sampling = sampling_options(cfg.temperature, cfg.top_p, cfg.top_k)
     if tools is None:
-        return engine.generate(prompts, num_generations=cfg.num_generations, max_completion_length=max_len,
-                               temperature=cfg.temperature, top_p=cfg.top_p)
+        return engine.generate(prompts, num_generations=cfg.num_generations, max_completion_length=max_len, **sampling)
     return tools.sample(engine, prompts, num_generations=cfg.num_generations, max_completion_length=max_len,
-                        temperature=cfg.temperature, top_p=cfg.top_p, chat_template_kwargs=cfg.chat_template_kwargs)
+                        chat_template_kwargs=cfg.chat_template_kwargs, **sampling)
 
 
 def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, reward_weights: list[float], max_len: int,

@@ -69,7 +69,10 @@ class Config:
     generation_batch_size: int = 128  # completions per step = prompts per step x G
     max_completion_length: int | None = None  # None = the task's own
     temperature: float = 1.0
+    # sample from the top_p nucleus and (top_k > 0) the top_k most likely tokens only; every log-prob is then taken
+    # under the same truncated, renormalised distribution (truncation.py), so the ratio is unbiased
     top_p: float = 1.0
+    top_k: int = 0
     # --- tools (TRL's names; tools/): the model may call functions during its rollout ---
     # tools by name: python, calculator (tools/builtin.py), or your own as module:function / path/file.py:function,
     # plain typed functions with a docstring; None = the task's own tools (if any). train(cfg, tools=[...]) also works
@@ -222,6 +225,8 @@ class Config:
             raise ConfigError("max_completion_length: must be >= 1")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k: must be >= 0 (0: no top-k), got {self.top_k}")
         if self.beta < 0:
             raise ConfigError(f"beta: must be >= 0, got {self.beta}")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):

@@ -25,6 +25,9 @@ same), then log_softmax and gather. The rest of this file computes the same numb
    sliding-window layers, and `share_prompts=False` (Config.shared_prefix), run prompt + completion in one pass
    per length group (`_completion_hidden_one_pass`): the plain reference the tests compare with.
 
+With top_k > 0 or top_p < 1 every path takes the log-probs of the truncated distribution the sampler drew
+from (truncation.py): the tokens it drops are masked out of each position's softmax, on the policy's own logits.
+
 Positions outside the completion mask come back as 0 on every path.
 """
 
@@ -38,6 +41,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .kv_cache import cache_argument
 from .models import AdapterDisabled, is_lora
+from .truncation import truncate_logits, truncates
 
 __all__ = ["plain_completion_logprobs", "completion_logprobs", "head_logprobs", "ChunkedHeadLogprobs",
            "trimmed_chunks", "length_chunks", "BLOCK_ELEMENTS"]
@@ -57,12 +61,14 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 # The whole idea
 # ---------------------------------------------------------------------------------------------------------
 def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                              temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
+                              temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                              top_k: int = 0, top_p: float = 1.0):
     """log pi(o_t | q, o_<t) (B, T) and, if asked, the policy's entropy at each position (B, T; no gradient unless
     entropy_grad, for an entropy bonus in the loss).
 
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
-    One forward pass over the padded (B, P + T) batch, log_softmax over the whole vocabulary, gather.
+    One forward pass over the padded (B, P + T) batch, log_softmax over the whole vocabulary (over what top_k /
+    top_p keep of it, the sampled token always kept: truncation.py), gather.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -71,12 +77,13 @@ def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
     T = completion_ids.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V): position P + t - 1 predicts token t
-    logp_all = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T, V)
+    logits = truncate_logits(logits.float() / temperature, top_k, top_p, keep=completion_ids)
+    logp_all = logits.log_softmax(dim=-1)  # (B, T, V); -inf where the sampler drops a token
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
     mask = completion_mask.float()
     entropy = None
-    if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * mask  # H = -sum_v p_v log p_v
+    if with_entropy:  # H = -sum_v p_v log p_v, a dropped token (p_v = 0) adding 0
+        entropy = -(logp_all.exp() * logp_all.masked_fill(logp_all.isinf(), 0.0)).sum(-1) * mask
         entropy = entropy if entropy_grad else entropy.detach()
     return logp * mask, entropy
 
@@ -97,6 +104,8 @@ def completion_logprobs(
     block_tokens: int | None = None,
     entropy_grad: bool = False,
     share_prompts: bool = True,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient): the numbers of
     `plain_completion_logprobs` (within float rounding), computed as the module docstring says.
@@ -106,12 +115,13 @@ def completion_logprobs(
     vocabulary). entropy_grad: the entropy with its gradient (an entropy bonus, entropy_coef), which only the
     plain path has: full logits, so the memory the head saves is spent. share_prompts=False: each row runs its own
     prompt (the same numbers, G times the prompt's compute; see the module docstring, 3).
+    top_k, top_p: the sampler's truncation; the log-probs and entropies are those of the distribution it drew from.
     """
     decoder, head, adapter_off = _decoder_and_head(model)
     if not trim_padding or head is None or entropy_grad:
         return plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                          temperature=temperature, with_entropy=with_entropy or entropy_grad,
-                                         entropy_grad=entropy_grad)
+                                         entropy_grad=entropy_grad, top_k=top_k, top_p=top_p)
     with adapter_off:
         hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, completion_ids,
                                           completion_mask, share_prompts=share_prompts)  # (B, T, H)
@@ -120,7 +130,8 @@ def completion_logprobs(
             block_tokens = max(1, BLOCK_ELEMENTS // head.out_features)
         token_logp, token_entropy = head_logprobs(hidden[on_token], head.weight, completion_ids[on_token],
                                                   temperature=temperature, with_entropy=with_entropy,
-                                                  block_tokens=block_tokens)  # (N,), N real tokens
+                                                  block_tokens=block_tokens, top_k=top_k,
+                                                  top_p=top_p)  # (N,), N real tokens
     logp = token_logp.new_zeros(completion_ids.shape).masked_scatter(on_token, token_logp)  # (B, T)
     entropy = None
     if with_entropy:
@@ -313,9 +324,11 @@ def _decoder_and_head(model):
 # The head in blocks of tokens
 # ---------------------------------------------------------------------------------------------------------
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0,
-                  with_entropy: bool = False, block_tokens: int = 128) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  with_entropy: bool = False, block_tokens: int = 128, top_k: int = 0,
+                  top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token) (N,) and, if asked, the entropy (N,; no gradient) from final hidden states (N, H) and the
-    output head's weight (V, H): logits = hidden @ weight.T / temperature, computed `block_tokens` rows at a time.
+    output head's weight (V, H): logits = hidden @ weight.T / temperature, computed `block_tokens` rows at a time,
+    each softmax over what top_k / top_p keep (truncation.py).
 
     Differentiable in hidden and weight (ChunkedHeadLogprobs); without a gradient to compute, the blocks run once.
     Matrix products run in autocast's dtype when autocast is on (bfloat16 on a GPU), in the weight's otherwise;
@@ -327,21 +340,23 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.T
     if not needs_grad:
         with torch.no_grad():
             logp, entropy, _ = _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens,
-                                             compute_dtype, with_expected_weight=False)
+                                             compute_dtype, with_expected_weight=False, truncation=(top_k, top_p))
         return logp, entropy
     logp, entropy = ChunkedHeadLogprobs.apply(hidden, weight, token_ids, temperature, with_entropy, block_tokens,
-                                              compute_dtype)
+                                              compute_dtype, (top_k, top_p))
     return logp, entropy if with_entropy else None
 
 
-def _block_logits(hidden_block, weight, temperature):
-    """(n, V) float32 logits / temperature of one block; hidden_block and weight already in the compute dtype."""
+def _block_logits(hidden_block, weight, temperature, token_ids, truncation):
+    """(n, V) float32 logits / temperature of one block, -inf where the sampler drops a token (truncation: top_k,
+    top_p; the block's own tokens token_ids (n,) always kept); hidden_block and weight in the compute dtype."""
     logits = (hidden_block @ weight.T).float()
-    return logits / temperature if temperature != 1.0 else logits
+    logits = logits / temperature if temperature != 1.0 else logits
+    return truncate_logits(logits, *truncation, keep=token_ids)
 
 
 def _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype,
-                  with_expected_weight):
+                  with_expected_weight, truncation=(0, 1.0)):
     """Per block: logits (n, V), log Z = logsumexp, log pi(o) = logit[o] - log Z; with softmax p = exp(logits - log Z)
     the entropy H = log Z - sum_v p_v logit_v and the expected head row E_p[w] = p @ W (n, H), which backward needs
     for the hidden states' gradient. Returns (logp, entropy or None, expected_weight or None), all (N, ...)."""
@@ -352,13 +367,15 @@ def _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_to
     expected_weight = hidden.new_empty(N, weight.shape[1], dtype=torch.float32) if with_expected_weight else None
     for start in range(0, N, block_tokens):
         block = slice(start, start + block_tokens)
-        logits = _block_logits(hidden[block].to(compute_dtype), weight_c, temperature)  # (n, V)
+        logits = _block_logits(hidden[block].to(compute_dtype), weight_c, temperature, token_ids[block],
+                               truncation)  # (n, V)
         log_z = logits.logsumexp(dim=-1)  # (n,)
         logp[block] = logits.gather(-1, token_ids[block].unsqueeze(-1)).squeeze(-1) - log_z
         if with_entropy or with_expected_weight:
-            probs = (logits - log_z.unsqueeze(-1)).exp_()  # (n, V), the softmax
+            probs = (logits - log_z.unsqueeze(-1)).exp_()  # (n, V), the softmax (0 where a token is dropped)
             if with_entropy:
-                entropy[block] = log_z - (probs * logits).sum(-1)
+                finite = logits.masked_fill(logits.isinf(), 0.0) if truncates(*truncation) else logits
+                entropy[block] = log_z - (probs * finite).sum(-1)
             if with_expected_weight:
                 expected_weight[block] = (probs.to(compute_dtype) @ weight_c).float()  # (n, H)
     return logp, entropy, expected_weight
@@ -375,16 +392,20 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
     E_p[W] (N, H) is computed in forward, where p already is, so the hidden states' gradient needs no logits in
     backward. The weight's gradient needs p with g, so backward recomputes each block's logits: one more
     (n x H x V) product per block, the price of never keeping a (tokens x vocabulary) tensor. With a frozen head
-    (LoRA, QLoRA) that product is skipped too.
+    (LoRA, QLoRA) that product is skipped too. With a truncated sampler (top_k / top_p) p is the softmax over the
+    kept tokens, 0 elsewhere, and the same formulas hold: backward recomputes the same logits, hence the same set.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype):
+    def forward(ctx, hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype,
+                truncation=(0, 1.0)):
         logp, entropy, expected_weight = _head_forward(hidden, weight, token_ids, temperature, with_entropy,
                                                        block_tokens, compute_dtype,
-                                                       with_expected_weight=ctx.needs_input_grad[0])
+                                                       with_expected_weight=ctx.needs_input_grad[0],
+                                                       truncation=truncation)
         ctx.save_for_backward(hidden, weight, token_ids, expected_weight)
         ctx.temperature, ctx.block_tokens, ctx.compute_dtype = temperature, block_tokens, compute_dtype
+        ctx.truncation = truncation
         if entropy is None:
             entropy = logp.new_zeros(0)
         ctx.mark_non_differentiable(entropy)
@@ -403,7 +424,8 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             for start in range(0, hidden.shape[0], ctx.block_tokens):
                 block = slice(start, start + ctx.block_tokens)
                 hidden_block = hidden[block].to(ctx.compute_dtype)
-                logits = _block_logits(hidden_block, weight_c, ctx.temperature)  # (n, V), recomputed
+                logits = _block_logits(hidden_block, weight_c, ctx.temperature, token_ids[block],
+                                       ctx.truncation)  # (n, V), recomputed: the same kept set
                 probs = logits.softmax(dim=-1)
                 grad_logits = probs.mul_(-scale[block].unsqueeze(-1))  # -(g / tau) p
                 grad_logits[torch.arange(len(grad_logits)), token_ids[block]] += scale[block]  # + (g / tau) onehot(o)
@@ -412,4 +434,4 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
                     grad_weight.addmm_(grad_logits.T, hidden_block)
                 else:  # autocast: each block's product in its dtype, summed in the weight's
                     grad_weight += (grad_logits.T @ hidden_block).to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None

@@ -10,7 +10,7 @@ returns them as tensors the loss can use directly:
 
 Rows are grouped: prompt i owns rows i*G .. i*G+G-1. Group-relative advantages rely on it.
 
-Sampling is *pure* temperature / top-p sampling (``next_token``). HF's defaults are not: ``generate``
+Sampling is temperature sampling, truncated only by the top-k / top-p asked for (``next_token``, truncation.py). HF's defaults are not: ``generate``
 fills every unset option from the model's ``generation_config.json`` and then from global
 defaults, which include ``top_k=50`` (and chat models often ship ``top_k=20`` or a
 ``repetition_penalty``). The policy-gradient ratio assumes the samples came from the
@@ -34,6 +34,7 @@ from .config import ConfigError
 from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
 from .kv_cache import cache_argument
 from .prompts import encode_prompts, left_pad
+from .truncation import truncate_logits
 
 
 @dataclass
@@ -62,13 +63,14 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-def generation_config(model, tokenizer, *, max_completion_length, temperature, top_p, do_sample) -> GenerationConfig:
+def generation_config(model, tokenizer, *, max_completion_length, temperature, top_p, do_sample,
+                      top_k: int = 0) -> GenerationConfig:
     """A config that says everything, so nothing is inherited from the model's defaults."""
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     # Sampling filters only exist when sampling; setting them for greedy decoding makes HF warn.
-    # top_k=0 matters: HF's default is 50, a truncated distribution rather than the policy's.
-    sampling = dict(temperature=temperature, top_p=top_p, top_k=0, typical_p=1.0) if do_sample else {}
+    # top_k=0 unless asked matters: HF's default is 50, a truncated distribution rather than the policy's.
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, typical_p=1.0) if do_sample else {}
     return GenerationConfig(
         max_new_tokens=max_completion_length,
         min_new_tokens=0,
@@ -96,6 +98,7 @@ def sample_completions(
     top_p: float = 1.0,
     do_sample: bool = True,
     chat_template_kwargs: dict | None = None,
+    top_k: int = 0,
 ) -> Rollout:
     """Generate ``num_generations`` completions per prompt (greedy when ``do_sample=False``) with ``decode``.
 
@@ -111,7 +114,7 @@ def sample_completions(
     completion_ids = decode(
         model, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
         num_generations=num_generations, max_new_tokens=max_completion_length, temperature=temperature,
-        top_p=top_p, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id,
+        top_p=top_p, top_k=top_k, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id,
     ).clone()  # decode runs in inference mode; the loss needs an ordinary tensor (see decode)
     model.train(was_training)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
@@ -131,13 +134,14 @@ def sample_completions_hf(
     top_p: float = 1.0,
     do_sample: bool = True,
     chat_template_kwargs: dict | None = None,
+    top_k: int = 0,
 ) -> Rollout:
     """The same as ``sample_completions``, with HF ``model.generate`` doing the decoding: the reference
     ``decode`` is tested and benchmarked against (``minigrpo bench``)."""
     device = next(model.parameters()).device
     config = generation_config(
         model, tokenizer, max_completion_length=max_completion_length,
-        temperature=temperature, top_p=top_p, do_sample=do_sample,
+        temperature=temperature, top_p=top_p, top_k=top_k, do_sample=do_sample,
     )
     encoded = _encode(tokenizer, prompts, chat_template_kwargs, config.pad_token_id)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
@@ -159,7 +163,7 @@ DROP_FINISHED_FRACTION = 0.25
 # clones what decode returns.
 @torch.inference_mode()
 def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_p, do_sample,
-           eos_ids, pad_id, decode_step: str = "auto") -> torch.LongTensor:
+           eos_ids, pad_id, decode_step: str = "auto", top_k: int = 0) -> torch.LongTensor:
     """The sampling loop, written out. Returns completion ids (B*G, T), pad after each row's first eos.
 
     prompt_ids, prompt_mask: (B, P) distinct prompts, left-padded. Row i*G + g is prompt i's g-th sample.
@@ -188,7 +192,8 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
     rows = torch.arange(len(logits), device=device)  # which output row each batch row writes to
     finished = torch.zeros(len(logits), dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        token = next_token(logits, temperature=temperature, top_p=top_p, do_sample=do_sample).masked_fill(finished, pad_id)
+        token = next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                           do_sample=do_sample).masked_fill(finished, pad_id)
         out[rows, t] = token
         finished |= torch.isin(token, eos)
         if t == max_new_tokens - 1 or finished.all():
@@ -216,21 +221,13 @@ def prefill(model, prompt_ids, prompt_mask, num_generations: int):
     return logits.repeat_interleave(G, dim=0), cache, prompt_mask.repeat_interleave(G, dim=0)
 
 
-def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, do_sample: bool) -> torch.LongTensor:
-    """One token per row from logits (n, V): pure temperature / top-p sampling, or greedy.
-
-    Top-p keeps the smallest set of most likely tokens whose probability reaches top_p, exactly as HF's
-    ``TopPLogitsWarper`` does (sort ascending, drop tokens while the cumulative probability is <= 1 - top_p,
-    always keep the most likely). No top-k.
-    """
+def next_token(logits: torch.Tensor, *, temperature: float, top_p: float, do_sample: bool,
+               top_k: int = 0) -> torch.LongTensor:
+    """One token per row from logits (n, V): temperature sampling, truncated by top-k then top-p exactly as HF's
+    warpers do (truncation.py), or greedy."""
     if not do_sample:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_p < 1.0:
-        sorted_logits, sorted_idx = logits.sort(dim=-1)  # ascending
-        drop = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
-        drop[:, -1] = False  # the most likely token always stays
-        logits = logits.masked_fill(drop.scatter(1, sorted_idx, drop), float("-inf"))
+    logits = truncate_logits(logits.float() / temperature, top_k, top_p)
     return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
 
 
@@ -293,7 +290,7 @@ def rollout_from_ids(prompt_ids: list[list[int]], completion_ids: list[list[int]
 @torch.no_grad()
 def continue_from_ids(model, tokenizer, input_ids: list[list[int]], *, max_new_tokens: list[int],
                       temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
-                      use_hf_generate: bool = False) -> list[list[int]]:
+                      use_hf_generate: bool = False, top_k: int = 0) -> list[list[int]]:
     """One continuation per row of token ids, each row with its own budget: the next turn of a multi-turn rollout.
 
     input_ids: N rows of ids (a prompt, earlier turns, a tool message: never re-tokenized here).
@@ -319,11 +316,12 @@ def continue_from_ids(model, tokenizer, input_ids: list[list[int]], *, max_new_t
     model.eval()
     if use_hf_generate:
         config = generation_config(model, tokenizer, max_completion_length=longest, temperature=temperature,
-                                   top_p=top_p, do_sample=do_sample)
+                                   top_p=top_p, top_k=top_k, do_sample=do_sample)
         sampled = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, ids.shape[1]:]
     else:
         sampled = decode(model, ids, mask, num_generations=1, max_new_tokens=longest, temperature=temperature,
-                         top_p=top_p, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id)  # (n, <= longest)
+                         top_p=top_p, top_k=top_k, do_sample=do_sample, eos_ids=eos_ids,
+                         pad_id=pad_id)  # (n, <= longest)
     model.train(was_training)
     for row, tokens in zip(rows, sampled.tolist(), strict=True):
         tokens = tokens[: max_new_tokens[row]]

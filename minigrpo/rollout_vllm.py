@@ -22,10 +22,10 @@ How it works:
     CUDA: TRL's external_launcher for a world of one and gpu_memory_utilization=0.3 (the rest is the trainer's).
   * prompts become token ids with prompts.encode_prompts, the function the decode loop uses, and vLLM gets
     the ids (`prompt_token_ids`): both engines see identical prompts, chat-templated or not.
-  * sampling: SamplingParams(n=G, temperature, top_p, top_k=0, min_p=0, repetition_penalty=1, stop at the eos
-    ids) — the policy's own softmax, like the decode loop — with logprobs=0 and
-    logprobs_mode="processed_logprobs": vLLM returns the log-prob of each sampled token after temperature and
-    top-p, the distribution it really sampled from. They become `Rollout.sampling_logp`, which the trainer
+  * sampling: SamplingParams(n=G, temperature, top_p, top_k, min_p=0, repetition_penalty=1, stop at the eos
+    ids) — the policy's own softmax truncated as asked, like the decode loop — with logprobs=0 and
+    logprobs_mode="processed_logprobs": vLLM returns the log-prob of each sampled token after temperature,
+    top-k and top-p, the distribution it really sampled from (truncation.py gives the trainer's the same). They become `Rollout.sampling_logp`, which the trainer
     compares with its own (engine_mismatch.py).
   * weights, full fine-tuning (`sync_weights`, after each batch's optimizer steps): `llm.collective_rpc` runs
     `worker.model_runner.reload_weights(weights_iterator=...)` inside vLLM's worker with the policy's tensors
@@ -189,10 +189,12 @@ class VLLMEngine:
                     max_model_len=max_model_len, tensor_parallel_size=1, logprobs_mode="processed_logprobs", **where)
 
     def _sampling_params(self, *, n: int, max_tokens: int, temperature: float, top_p: float, do_sample: bool,
-                         eos_ids: list[int]):
-        """The policy's own softmax at `temperature` and `top_p` (no top-k, min-p or penalty); greedy is n=1, T=0."""
-        sampling = dict(n=n, temperature=temperature, top_p=top_p) if do_sample else dict(n=1, temperature=0.0)
-        return self.vllm.SamplingParams(**sampling, top_k=0, min_p=0.0, repetition_penalty=1.0, max_tokens=max_tokens,
+                         eos_ids: list[int], top_k: int = 0):
+        """The policy's own softmax at `temperature`, truncated by `top_k` then `top_p` (no min-p or penalty);
+        greedy is n=1, T=0."""
+        sampling = dict(n=n, temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else dict(
+            n=1, temperature=0.0, top_k=0)
+        return self.vllm.SamplingParams(**sampling, min_p=0.0, repetition_penalty=1.0, max_tokens=max_tokens,
                                         stop_token_ids=eos_ids, logprobs=0,
                                         detokenize=False)  # ids are enough: the callers decode them
 
@@ -207,11 +209,11 @@ class VLLMEngine:
         return outputs
 
     def generate(self, prompts, *, num_generations, max_completion_length, temperature=1.0, top_p=1.0,
-                 do_sample: bool = True) -> Rollout:
+                 do_sample: bool = True, top_k: int = 0) -> Rollout:
         """The engine contract's generate (engines.py); do_sample=False: greedy, one completion copied G times."""
         eos_ids = eos_token_ids(self.model, self.tokenizer)
         params = self._sampling_params(n=num_generations, max_tokens=max_completion_length, temperature=temperature,
-                                       top_p=top_p, do_sample=do_sample, eos_ids=eos_ids)
+                                       top_p=top_p, top_k=top_k, do_sample=do_sample, eos_ids=eos_ids)
         prompt_ids = encode_prompts(self.tokenizer, prompts, self.chat_template_kwargs)
         completion_ids, sampling_logp = [], []
         for out in self._generate(prompt_ids, params):  # one RequestOutput per prompt, its n samples in order
@@ -223,7 +225,7 @@ class VLLMEngine:
                                 max_completion_length, sampling_logp=sampling_logp)
 
     def continue_from_ids(self, input_ids: list[list[int]], *, max_new_tokens: list[int], temperature: float = 1.0,
-                          top_p: float = 1.0, do_sample: bool = True
+                          top_p: float = 1.0, do_sample: bool = True, top_k: int = 0
                           ) -> tuple[list[list[int]], list[list[float]] | None]:
         """One continuation per row of ids (a conversation so far, never re-tokenized), as engines.py's contract says:
         each row's sampled ids up to and including the first eos, at most max_new_tokens[i] (0: [] and not sent),
@@ -236,7 +238,7 @@ class VLLMEngine:
         rows = [i for i, budget in enumerate(max_new_tokens) if budget > 0]
         if rows:
             params = [self._sampling_params(n=1, max_tokens=max_new_tokens[i], temperature=temperature, top_p=top_p,
-                                            do_sample=do_sample, eos_ids=eos_ids) for i in rows]
+                                            top_k=top_k, do_sample=do_sample, eos_ids=eos_ids) for i in rows]
             outputs = self._generate([list(input_ids[i]) for i in rows], params)
             for row, out in zip(rows, outputs, strict=True):
                 ids_out[row], logp_out[row] = sampled_ids_and_logp(out.outputs[0], eos_ids)

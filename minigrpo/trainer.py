@@ -170,7 +170,7 @@ def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tu
     needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or inputs.sampling_logp is not None
     model.eval()
     with torch.no_grad(), autocast():
-        options = dict(temperature=cfg.temperature, share_prompts=cfg.shared_prefix)
+        options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, share_prompts=cfg.shared_prefix)
         inputs.old_logp = completion_logprobs(model, *ids, **options)[0] if needs_old else None
         use_ref = cfg.beta > 0 and not cfg.kl_in_reward
         inputs.ref_logp = completion_logprobs(ref_model, *ids, **options)[0] if use_ref else None
@@ -230,7 +230,8 @@ def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_
     with autocast():
         logp, entropy = completion_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, temperature=cfg.temperature, with_entropy=True,
-                                            entropy_grad=cfg.entropy_coef > 0, share_prompts=cfg.shared_prefix)
+                                            entropy_grad=cfg.entropy_coef > 0, share_prompts=cfg.shared_prefix,
+                                            top_k=cfg.top_k, top_p=cfg.top_p)
     loss, stats = policy_loss(
         logp, logp.detach() if mb.old_logp is None else mb.old_logp, mb.adv, mb.loss_mask, loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,

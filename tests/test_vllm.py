@@ -240,6 +240,31 @@ def test_top_p_keeps_only_the_nucleus(engine, policy, prompts):
         assert (expected - roll.sampling_logp)[on].abs().max() < TOL
 
 
+@pytest.mark.parametrize("top_k, top_p", [(5, 1.0), (0, 0.8), (8, 0.9)])
+def test_the_trainers_truncated_log_probs_are_vllms(engine, policy, prompts, top_k, top_p):
+    """vLLM samples from softmax(logits / T) truncated by top-k then top-p and reports that distribution's log-probs
+    (processed_logprobs); the trainer's log-probs under the same truncation (truncation.py) agree to float32
+    rounding, while the full softmax's are lower: the bias a ratio or a mismatch correction would carry."""
+    model, _ = policy
+    roll = engine.generate(prompts[:4], num_generations=8, max_completion_length=32, temperature=0.9, top_k=top_k,
+                           top_p=top_p)
+    ids = (roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask)
+    with torch.no_grad():
+        truncated, _ = completion_logprobs(model, *ids, temperature=0.9, top_k=top_k, top_p=top_p)
+        full, _ = completion_logprobs(model, *ids, temperature=0.9)
+    on = roll.completion_mask.bool()
+    assert (truncated - roll.sampling_logp)[on].abs().max() < TOL
+    assert (roll.sampling_logp - full)[on].max() > 10 * TOL  # untruncated, some tokens would be off by far more
+
+
+def test_train_with_vllm_and_a_truncated_sampler_keeps_the_mismatch_at_float_level(tmp_path):
+    out = tmp_path / "run"
+    _minigrpo("train", *TRAIN_FLAGS, "--top-k", "8", "--top-p", "0.9", "--max-steps", "2", "--out", str(out))
+    for m in _lines(out):
+        assert m["sampling/sampling_logp_difference/max"] < TOL
+        assert 1 - TOL < m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/max"] < 1 + TOL
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Weight sync
 # ---------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..engines import sampling_options
 from ..prompts import left_pad
 from ..rollout import Rollout
 from .calls import ToolCall, parse_assistant_turn, tool_schemas
@@ -143,7 +144,7 @@ def tool_call_loop(engine, tokenizer, prompt_ids: list[list[int]], first_turn_id
                    first_turn_logp: list[list[float]] | None, *, tools: list[dict[str, Callable]],
                    max_completion_length: int, max_tool_calling_iterations: int | None, eos_ids: list[int],
                    tool_timeout: float = 10.0, max_tool_output_chars: int = 4000, worker: ToolWorker | None = None,
-                   temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
+                   temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, do_sample: bool = True,
                    chat_template_kwargs: dict | None = None) -> ToolRollout:
     """Steps 2-3 of the module docstring for N rows whose first turn is sampled.
 
@@ -171,7 +172,7 @@ def tool_call_loop(engine, tokenizer, prompt_ids: list[list[int]], first_turn_id
         new_ids, new_logp = engine.continue_from_ids(
             [prompt_ids[i] + rows[i].ids for i in going_on],
             max_new_tokens=[max_completion_length - len(rows[i].ids) for i in going_on],
-            temperature=temperature, top_p=top_p, do_sample=do_sample)
+            **sampling_options(temperature, top_p, top_k), do_sample=do_sample)
         for k, i in enumerate(going_on):
             _add_assistant_turn(rows[i], new_ids[k], None if new_logp is None else new_logp[k], tokenizer, eos_ids)
         iteration += 1
@@ -206,7 +207,7 @@ def _tool_rollout(tokenizer, prompt_ids: list[list[int]], rows: list[_Row], eos_
 def sample_with_tools(engine, tokenizer, prompts: list, *, tools: list[Callable] = (), environments: list | None = None,
                       num_generations: int = 1, max_completion_length: int, max_tool_calling_iterations: int | None,
                       eos_ids: list[int], tool_timeout: float = 10.0, max_tool_output_chars: int = 4000,
-                      temperature: float = 1.0, top_p: float = 1.0, do_sample: bool = True,
+                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, do_sample: bool = True,
                       chat_template_kwargs: dict | None = None, worker: ToolWorker | None = None) -> ToolRollout:
     """The multi-turn rollout of B prompts, G completions each (rows grouped: prompt i owns rows i*G .. i*G+G-1).
 
@@ -227,7 +228,8 @@ def sample_with_tools(engine, tokenizer, prompts: list, *, tools: list[Callable]
         prompt_ids = [prompt_ids_with_tools(tokenizer, prompts[i // G], tool_schemas(table.values()),
                                             chat_template_kwargs) for i, table in enumerate(tables)]
     first_ids, first_logp = engine.continue_from_ids(prompt_ids, max_new_tokens=[max_completion_length] * N,
-                                                     temperature=temperature, top_p=top_p, do_sample=do_sample)
+                                                     **sampling_options(temperature, top_p, top_k),
+                                                     do_sample=do_sample)
     own_worker = worker is None and bool(plain)
     worker = ToolWorker(plain, max_output_chars=max_tool_output_chars) if own_worker else worker
     try:
@@ -235,7 +237,7 @@ def sample_with_tools(engine, tokenizer, prompts: list, *, tools: list[Callable]
                               max_completion_length=max_completion_length,
                               max_tool_calling_iterations=max_tool_calling_iterations, eos_ids=eos_ids,
                               tool_timeout=tool_timeout, max_tool_output_chars=max_tool_output_chars, worker=worker,
-                              temperature=temperature, top_p=top_p, do_sample=do_sample,
+                              temperature=temperature, top_p=top_p, top_k=top_k, do_sample=do_sample,
                               chat_template_kwargs=chat_template_kwargs)
     finally:
         if own_worker:
