@@ -64,6 +64,9 @@ class Config:
     vllm_importance_sampling_clip_max: float | None = 3.0  # C_max (None: no upper bound)
     # release vLLM's weights and KV cache while the optimizer runs (where vLLM's platform has sleep mode; CUDA)
     vllm_enable_sleep_mode: bool = False
+    # the share of the GPU's memory vLLM reserves up front for its weights and KV cache (CUDA; the trainer gets the
+    # rest); on the CPU its KV cache is sized to the run instead
+    vllm_gpu_memory_utilization: float = 0.3
     # --- rollout ---
     num_generations: int = 8  # G, completions per prompt
     generation_batch_size: int = 128  # completions per step = prompts per step x G
@@ -225,6 +228,8 @@ class Config:
             raise ConfigError("max_completion_length: must be >= 1")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ConfigError(f"vllm_gpu_memory_utilization: must be in (0, 1), got {self.vllm_gpu_memory_utilization}")
         if self.top_k < 0:
             raise ConfigError(f"top_k: must be >= 0 (0: no top-k), got {self.top_k}")
         if self.beta < 0:

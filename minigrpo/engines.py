@@ -85,5 +85,6 @@ def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completi
             longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.chat_template_kwargs))
             max_model_len = longest + max_completion_length
         return VLLMEngine(model, tokenizer, max_model_len=max_model_len, seed=cfg.seed,
-                          chat_template_kwargs=cfg.chat_template_kwargs, enable_sleep_mode=cfg.vllm_enable_sleep_mode)
+                          chat_template_kwargs=cfg.chat_template_kwargs, enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+                          gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
     return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)

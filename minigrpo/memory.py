@@ -156,7 +156,7 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def recipe_floor(cfg, prompt_length: int = 200) -> dict:
+def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) -> dict:
     """The memory of a training run's config (a recipe), computed from its shapes, not measured:
 
         static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), plus a
@@ -173,8 +173,12 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
                      keys and values (2 x kv heads x head size values per prompt token and layer); with
                      gradient_checkpointing, each layer's input (h values per token) plus one layer's 34 h
 
-    Left out: the KV cache while sampling, the CUDA context (~0.5 GB), allocator slack and fragmentation.
-    LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB more).
+    With use_vllm, what vLLM's engine must hold (`vllm_engine_bytes`) beside the trainer, and the share of a GPU of
+    gpu_bytes it reserves for that (vllm_gpu_memory_utilization x gpu_bytes, taken up front: the trainer gets
+    the rest).
+
+    Left out: the decode loop's KV cache while sampling (without vLLM), the CUDA context (~0.5 GB), allocator
+    slack and fragmentation. LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB).
     """
     from .tasks import get_task
 
@@ -209,10 +213,29 @@ def recipe_floor(cfg, prompt_length: int = 200) -> dict:
         activations += prompt_kv_copies  # one layer's at a time
     else:
         activations = (tokens * layer_bytes + prompt_kv_copies) * config.num_hidden_layers
-    return {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
-            "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length,
-            "prompt_length": prompt_length, "prompts": prompts,
-            "floor": row["total"] + reference + logits + activations}
+    floor = {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
+             "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length,
+             "prompt_length": prompt_length, "prompts": prompts,
+             "floor": row["total"] + reference + logits + activations}
+    if cfg.use_vllm:
+        floor["vllm"] = vllm_engine_bytes(config, row["total_params"] - row["trainable_params"] * cfg.use_peft,
+                                          DTYPE_BYTES[cfg.dtype], cfg.generation_batch_size,
+                                          prompt_length + completion_length)
+        floor["vllm_share"] = cfg.vllm_gpu_memory_utilization * gpu_bytes if gpu_bytes else None
+        floor["gpu_bytes"] = gpu_bytes
+    return floor
+
+
+def vllm_engine_bytes(config, base_params: int, dtype_bytes: int, sequences: int, sequence_length: int) -> dict:
+    """What vLLM's engine holds, from the shapes: its copy of the base weights in the policy's dtype (a QLoRA base
+    dequantized once: 16 bits, not 4; rollout_vllm.py) and the keys and values of one batch of sequences at full
+    length (2 x layers x kv heads x head size values per token), in bytes. CUDA graphs and vLLM's own slack are
+    not counted."""
+    kv_size = config.num_key_value_heads * (getattr(config, "head_dim", None)
+                                            or config.hidden_size // config.num_attention_heads)
+    weights = base_params * dtype_bytes
+    kv_cache = sequences * sequence_length * 2 * config.num_hidden_layers * kv_size * dtype_bytes
+    return {"weights": weights, "kv_cache": kv_cache, "total": weights + kv_cache}
 
 
 def distinct_prompts(micro_batch: int, group_size: int, generation_batch_size: int, steps_per_generation: int) -> int:
@@ -237,6 +260,17 @@ def format_recipe_table(path: str, floor: dict) -> str:
              f"{floor['completion_length']} completion tokens)", floor["activations"]), ("**total**", floor["floor"])]
     lines = [f"`{path}` ({floor['setup']}: {floor['trainable_params']:,} trainable of {floor['total_params']:,})", "",
              "| part | GiB |", "|---|---|"] + [f"| {name} | {gib(b)} |" for name, b in rows]
+    if "vllm" in floor:
+        vllm = floor["vllm"]
+        lines += [f"| vLLM: its copy of the base weights (16 bits) | {gib(vllm['weights'])} |",
+                  f"| vLLM: KV cache of one batch at full length | {gib(vllm['kv_cache'])} |",
+                  f"| **vLLM needs** | {gib(vllm['total'])} |"]
+        if floor["vllm_share"]:
+            share, gpu = floor["vllm_share"], floor["gpu_bytes"]
+            fits = vllm["total"] <= share and floor["floor"] <= gpu - share
+            lines += ["", f"On a GPU of {gpu / 2**30:.0f} GiB vLLM reserves {share / 2**30:.2f} GiB "
+                          f"(vllm_gpu_memory_utilization), leaving the trainer {(gpu - share) / 2**30:.2f} GiB: "
+                          + ("both fit." if fits else "does not fit.")]
     return "\n".join(lines)
 
 
@@ -401,15 +435,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--recipe", action="append", default=None,
                    help="a run's YAML config (e.g. recipes/*.yaml): print its memory floor, computed, not measured")
+    p.add_argument("--gpu-gib", type=float, default=None,
+                   help="with --recipe: the GPU's memory, to split between vLLM's share and the trainer's")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.recipe:
         from .config import load_config
 
         for path in args.recipe:
-            print(format_recipe_table(path, recipe_floor(load_config(path))) + "\n")
-        print("Computed from the shapes, not measured. Left out: the sampling KV cache, the CUDA context (~0.5 GB), "
-              "allocator slack. Prompts taken as 200 tokens.")
+            gpu_bytes = int(args.gpu_gib * 2**30) if args.gpu_gib else None
+            print(format_recipe_table(path, recipe_floor(load_config(path), gpu_bytes=gpu_bytes)) + "\n")
+        print("Computed from the shapes, not measured. Left out: the decode loop's KV cache (without vLLM), the CUDA "
+              "context (~0.5 GB), allocator slack. Prompts taken as 200 tokens.")
         return 0
     if args.child:  # one setup, in this fresh process
         print(RESULT_MARKER + json.dumps(measure_setup(**json.loads(args.child))), flush=True)

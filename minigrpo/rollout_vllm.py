@@ -19,7 +19,8 @@ How it works:
     VLLM_ENABLE_V1_MULTIPROCESSING=0 (set before `import vllm`) keeps vLLM's engine core in this process:
     the weight copy is then a function call, not a transfer. On the CPU: enforce_eager=True (no graph
     capture) and a KV cache sized for 256 sequences of max_model_len tokens (`kv_cache_memory_bytes`); on
-    CUDA: TRL's external_launcher for a world of one and gpu_memory_utilization=0.3 (the rest is the trainer's).
+    CUDA: TRL's external_launcher for a world of one and gpu_memory_utilization (Config.vllm_gpu_memory_utilization,
+    TRL's name and default 0.3: the rest is the trainer's).
   * prompts become token ids with prompts.encode_prompts, the function the decode loop uses, and vLLM gets
     the ids (`prompt_token_ids`): both engines see identical prompts, chat-templated or not.
   * sampling: SamplingParams(n=G, temperature, top_p, top_k, min_p=0, repetition_penalty=1, stop at the eos

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minigrpo.cli import main
 from minigrpo.config import ConfigError, load_config
-from minigrpo.memory import HUB_SHAPES, distinct_prompts, qwen_config, recipe_floor
+from minigrpo.memory import HUB_SHAPES, distinct_prompts, format_recipe_table, qwen_config, recipe_floor
 from minigrpo.prompts import completions_for_rewards, is_conversational
 from minigrpo.rewards import RewardError, load_reward_func, r1_format, r1_format_soft
 from minigrpo.tasks import DataError, get_task
@@ -246,3 +246,19 @@ def test_a_task_reward_ignores_what_trl_passes_besides_the_columns():
     completions = ["<answer>72</answer>", "<answer>7</answer>"]
     assert GSM8K.correctness_reward(None, completions, answer=["72", "72"], trainer_state=object(),
                                     log_metric=print) == [1.0, 0.0]
+
+
+def test_a_vllm_recipe_counts_vllms_share_of_the_gpu():
+    cfg = load_config(str(RECIPES[0].parent / "qwen2.5-0.5b-instruct_gsm8k_qlora_vllm.yaml"))
+    assert cfg.use_vllm and cfg.load_in_4bit and cfg.vllm_gpu_memory_utilization == 0.3
+    floor = recipe_floor(cfg, gpu_bytes=8 * 2**30)
+    shape = qwen_config(HUB_SHAPES[cfg.model_name_or_path])
+    # vLLM's copy of the base: the 4-bit weights dequantized to bfloat16, every parameter but the adapter's
+    assert floor["vllm"]["weights"] == (floor["total_params"] - floor["trainable_params"]) * 2
+    # KV cache: 64 sequences x (200 + 512) tokens x keys and values x 24 layers x 2 kv heads x 64 x 2 bytes
+    assert floor["vllm"]["kv_cache"] == 64 * 712 * 2 * 24 * 2 * 64 * 2 == floor["vllm"]["total"] - floor["vllm"]["weights"]
+    assert floor["vllm_share"] == 0.3 * 8 * 2**30
+    table = format_recipe_table("recipe.yaml", floor)
+    assert "| **vLLM needs** | 1.44 |" in table and "leaving the trainer 5.60 GiB: both fit." in table
+    assert "does not fit" in format_recipe_table("recipe.yaml", recipe_floor(cfg, gpu_bytes=4 * 2**30))
+    assert "vllm" not in recipe_floor(load_config(str(RECIPES[0].parent / "qwen2.5-0.5b-instruct_gsm8k_qlora.yaml")))
