@@ -109,6 +109,8 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--dataset", default=None, help="a .jsonl/.parquet file, a folder or a hub name (see train)")
     p.add_argument("--dataset-config", default=None)
     p.add_argument("--chat-template-kwargs", default=None, help='JSON, e.g. \'{"enable_thinking": false}\'')
+    p.add_argument("--answer-grader", default=Config.answer_grader,
+                   help="numeric, or math_verify for LaTeX answers (MATH-500, AIME): the answer and gsm8k tasks")
     args = p.parse_args(argv)
     from .evaluate import evaluate
     from .models import load_model_and_tokenizer, resolve_device
@@ -116,8 +118,9 @@ def cmd_eval(argv: list[str]) -> int:
     from .run import policy_path
 
     cfg = load_config(None, {"task": args.task, "model_name_or_path": args.model, "dataset_name": args.dataset,
-                             "dataset_config": args.dataset_config, "chat_template_kwargs": args.chat_template_kwargs})
-    task = get_task(cfg.task)
+                             "dataset_config": args.dataset_config, "chat_template_kwargs": args.chat_template_kwargs,
+                             "answer_grader": args.answer_grader})
+    task = get_task(cfg.task, answer_grader=cfg.answer_grader)
     model, tokenizer = load_model_and_tokenizer(policy_path(cfg, task), resolve_device(args.device))
     rows = task.load(args.split, cfg.dataset_name, cfg.dataset_config)[: args.limit]
     result = evaluate(model, tokenizer, task, rows, num_samples=args.num_samples, temperature=args.temperature,

@@ -28,6 +28,9 @@ class Config:
     # --- model, task, run ---
     model_name_or_path: str | None = None  # HF hub name or local dir; None = the task's shipped tiny model
     task: str = "think_addition"  # minigrpo: the grader: think_addition, addition, countdown, gsm8k, answer (tasks/)
+    # how the answer and gsm8k tasks compare a final answer: "numeric" (tasks/answers.py, the lesson) or
+    # "math_verify" (LaTeX: \frac{3}{4}, intervals; extra minigrpo[math], run in an isolated worker)
+    answer_grader: str = "numeric"
     # TRL's ScriptArguments names. None = the task's own rows (data/tasks/<task>/, or the hub for gsm8k); else a
     # .jsonl/.parquet file (its last tenth held out for evaluation), a folder of split files, or a hub dataset
     dataset_name: str | None = None  # --dataset
@@ -191,6 +194,7 @@ class Config:
             "dtype": ("float32", "bfloat16", "float16"),
             "bnb_4bit_quant_type": ("nf4", "fp4"),
             "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+            "answer_grader": ("numeric", "math_verify"),
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:

@@ -156,7 +156,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = resolve_device(cfg.device)
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, answer_grader=cfg.answer_grader)
     model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full or LoRA
     sampling_rng = torch.get_rng_state()  # building the critic must not move the stream the samples come from:
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head

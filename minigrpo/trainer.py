@@ -71,7 +71,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     check_processes(cfg)
     torch.manual_seed(cfg.seed)  # the same on every rank: identical starting weights (and LoRA initialisation)
     random.seed(cfg.seed)
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, answer_grader=cfg.answer_grader)
     model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full, LoRA or QLoRA
     if distributed.world_size() > 1:
         torch.manual_seed(cfg.seed + distributed.rank())  # ... but each rank samples its own completions

@@ -78,3 +78,35 @@ def test_math_verify_is_a_reward_name(tmp_path):
     (func,) = build_reward_funcs(["math_verify"], get_task("answer"), 64, Config())
     rewards = func(["q", "q"], ["<answer>\\frac{3}{4}</answer>", "<answer>0.7</answer>"], answer=["0.75", "0.75"])
     assert rewards == [1.0, 0.0]
+
+
+def test_answer_grader_is_a_config_field_for_the_final_answer_tasks():
+    from minigrpo.config import Config, ConfigError
+
+    assert get_task("gsm8k", answer_grader="math_verify").grader == "math_verify"
+    assert get_task("answer").grader == "numeric"  # the registry's task is left as it was
+    with pytest.raises(ConfigError, match="answer_grader: 'math_verify' grades the answer and gsm8k tasks"):
+        get_task("countdown", answer_grader="math_verify")
+    with pytest.raises(ConfigError, match="answer_grader"):
+        Config(answer_grader="sympy")
+
+
+def test_a_math500_style_evaluation_offline(tmp_path, chat_model_dir, capsys):
+    """The README's MATH-500 / AIME recipe on a local folder in the hub's test-split layout, with the stand-in:
+    `minigrpo eval --task answer --dataset DIR --answer-grader math_verify` reads LaTeX references and grades."""
+    import json
+
+    from minigrpo.cli import main
+    from minigrpo.tasks.answers import R1_SYSTEM_PROMPT
+
+    problems = [("Compute $\\frac{6}{8}$ in lowest terms.", "\\frac{3}{4}"), ("What is $\\sqrt{8}$?", "2\\sqrt{2}")]
+    (tmp_path / "math").mkdir()
+    with open(tmp_path / "math" / "test.jsonl", "w") as f:
+        for problem, answer in problems:
+            prompt = [{"role": "system", "content": R1_SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+            f.write(json.dumps({"prompt": prompt, "answer": answer}) + "\n")
+    assert main(["eval", "--task", "answer", "--dataset", str(tmp_path / "math"), "--model", str(chat_model_dir),
+                 "--answer-grader", "math_verify", "--num-samples", "2", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(printed[printed.index("{"):])
+    assert result["num_problems"] == 2 and 0 <= result["accuracy_greedy"] <= 1  # random weights: graded, not right

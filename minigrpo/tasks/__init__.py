@@ -13,6 +13,8 @@ in the R1 answer format (answers.py); ``reasoning_gym`` (reasoning-gym's ~100 ge
 verifiers in an isolated worker: reasoning_gym.py, isolation.py).
 """
 
+import dataclasses
+
 from ..config import ConfigError
 from .addition import AdditionTask
 from .answers import AnswerTask
@@ -27,11 +29,18 @@ TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAddi
                                                 Gsm8kTask(), ReasoningGymTask(), ToolAdditionTask())}
 
 
-def get_task(name: str) -> Task:
-    """The task called ``name``; raises ConfigError naming the known tasks otherwise."""
+def get_task(name: str, *, answer_grader: str = "numeric") -> Task:
+    """The task called ``name``; raises ConfigError naming the known tasks otherwise. answer_grader: how the
+    final-answer tasks (``answer``, ``gsm8k``) compare an answer, "numeric" (answers.py) or "math_verify"."""
     if name not in TASKS:
         raise ConfigError(f"task: unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+    task = TASKS[name]
+    if answer_grader != "numeric":
+        if not isinstance(task, AnswerTask):
+            raise ConfigError(f"answer_grader: {answer_grader!r} grades the answer and gsm8k tasks' final answers; "
+                              f"{name} has a checker of its own (use reward_funcs: [math_verify] for LaTeX answers)")
+        task = dataclasses.replace(task, grader=answer_grader)
+    return task
 
 
 __all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "CountdownTask", "Gsm8kTask", "ToolAdditionTask",
