@@ -41,6 +41,7 @@ import atexit
 import ctypes
 import importlib
 import json
+import math
 import os
 import pickle
 import resource
@@ -341,9 +342,17 @@ def _close_all() -> None:
 
 
 # ---- a fresh interpreter per call: the python tool ----------------------------------------------------------
+# The script dies with whoever started it (PR_SET_PDEATHSIG: a tool worker killed for its own time limit takes
+# the script along, though the script has a session of its own) and after `cpu` seconds of CPU (RLIMIT_CPU),
+# whatever happens to its parent.
 _PYTHON_BOOT = """\
-import resource, sys, traceback
-limit = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import ctypes, resource, signal, sys, traceback
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except (OSError, AttributeError):
+    pass
+limit, cpu = int(sys.argv[1]), int(sys.argv[2]); resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, {fsize})); resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 sys.argv = ["main.py"]
 try:
@@ -379,7 +388,9 @@ def run_python(code: str, *, timeout: float = 10.0, memory_bytes: int = 512 << 2
     try:
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PYTHON_BOOT, str(memory_bytes)], cwd=workdir,
+        cpu_seconds = str(math.ceil(timeout) + 1)
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _PYTHON_BOOT, str(memory_bytes), cpu_seconds],
+                                cwd=workdir,
                                 env=minimal_env(workdir), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
         output, timed_out = _read_bounded(proc, time.monotonic() + timeout, 2 * max_output_chars + 16)

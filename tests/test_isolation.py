@@ -131,3 +131,32 @@ def test_python_limits_time_memory_and_output():
     assert "MemoryError" in python("x = bytearray(2**31)")
     flood = python("while True: print('x' * 1000)")
     assert flood.endswith("[output cut at 4000 characters]") and len(flood) < 4100
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid is a running process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_script_outlives_neither_its_tool_worker_nor_its_cpu_limit(tmp_path):
+    """The python tool's script has a session of its own, so killing the tool worker's process group (its call
+    ran past tool_timeout) does not reach it: it must die with its parent, and a busy loop by its CPU limit."""
+    from minigrpo.tools.execute import ToolWorker
+
+    pid_file = tmp_path / "pid"
+    code = f"import os\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\nwhile True: pass\n"
+    worker = ToolWorker({"python": python}, max_output_chars=4000)
+    try:
+        text, failed = worker.call("python", {"code": code}, timeout=2)  # the tool's own limit is longer
+    finally:
+        worker.close()
+    assert failed
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the script kept running after its tool worker was killed"
