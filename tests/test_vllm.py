@@ -560,3 +560,17 @@ def test_another_vllm_version_or_device_is_refused_in_one_line(policy, monkeypat
                                           r"device: cuda$") as error:
         VLLMEngine(model, tokenizer)
     assert "\n" not in str(error.value)
+
+
+def test_train_with_tools_and_vllm(tmp_path):
+    """Multi-turn rollouts through vLLM (its continue_from_ids, turn by turn) in train(): the shipped tool_addition
+    world calls its tool, and vLLM's log-probs of the policy's own tokens agree with the trainer's."""
+    out = tmp_path / "tools"
+    _minigrpo("train", "--task", "tool_addition", "--use-vllm", "--max-steps", "2", "--num-generations", "4",
+              "--generation-batch-size", "16", "--eval-steps", "0", "--eval-limit", "8", "--eval-num-samples", "0",
+              "--save-model", "false", "--out", str(out))
+    lines = _lines(out)
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:
+        assert m["tools/call_frequency"] > 0
+        assert m["sampling/sampling_logp_difference/max"] < TOL
