@@ -143,13 +143,19 @@ class ToolSetup:
     max_tool_calling_iterations: int | None = None
     tool_timeout: float = 10.0
     max_tool_output_chars: int = 4000
+    environments: object = None  # tools.EnvironmentPool (environment_factory): one environment per completion
 
-    def sample(self, engine, prompts: list, *, num_generations: int, max_completion_length: int, **sampling):
-        """The multi-turn rollout of these prompts with these tools (tools/loop.py); sampling: temperature, top_p,
-        top_k, do_sample, chat_template_kwargs."""
+    def sample(self, engine, rows: list[dict], *, num_generations: int, max_completion_length: int, **sampling):
+        """The multi-turn rollout of these dataset rows' prompts with these tools (tools/loop.py), each completion
+        with its own environment reset from its row when there is an environment_factory; sampling: temperature,
+        top_p, top_k, do_sample, chat_template_kwargs."""
         from .tools import sample_with_tools
 
-        return sample_with_tools(engine, engine.tokenizer, prompts, tools=self.tools, num_generations=num_generations,
+        prompts, environments = [row["prompt"] for row in rows], None
+        if self.environments is not None:
+            environments, prompts = self.environments.reset_groups(rows, num_generations)
+        return sample_with_tools(engine, engine.tokenizer, prompts, tools=self.tools, environments=environments,
+                                 num_generations=num_generations,
                                  max_completion_length=max_completion_length,
                                  max_tool_calling_iterations=self.max_tool_calling_iterations, eos_ids=self.eos_ids,
                                  tool_timeout=self.tool_timeout, max_tool_output_chars=self.max_tool_output_chars,
@@ -206,13 +212,15 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     tools: the multi-turn rollout (tools/loop.py) instead of single-turn sampling.
     With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned."""
     G = cfg.num_generations
-    roll = _sample(cfg, engine, [r["prompt"] for r in prompt_rows], max_len, tools)
+    roll = _sample(cfg, engine, prompt_rows, max_len, tools)
     rows = [r for r in prompt_rows for _ in range(G)]  # one dataset row per completion, grouped like the rollout
 
     # Score: every reward function gets TRL's arguments — prompts, completions, and every dataset column.
     prompts = [r["prompt"] for r in rows]  # strings, or lists of chat messages
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(roll.completion_ids, roll.completion_mask)]
+    if tools and roll.environments is not None:  # TRL's name: reward functions read each completion's environment
+        columns["environments"] = roll.environments
     completions = roll.messages if tools else completions_for_rewards(prompts, roll.completions)
     rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns)
     rewards = combine_rewards(rewards_per_func, unscorable, reward_weights)  # (N,), NaN = unscorable
@@ -246,12 +254,13 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     return batch
 
 
-def _sample(cfg, engine, prompts: list, max_len: int, tools: ToolSetup | None):
-    """G completions per prompt: the engine's single-turn sampling, or the multi-turn rollout with tools."""
+def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None):
+    """G completions per row's prompt: the engine's single-turn sampling, or the multi-turn rollout with tools."""
     sampling = sampling_options(cfg.temperature, cfg.top_p, cfg.top_k)
     if tools is None:
-        return engine.generate(prompts, num_generations=cfg.num_generations, max_completion_length=max_len, **sampling)
-    return tools.sample(engine, prompts, num_generations=cfg.num_generations, max_completion_length=max_len,
+        return engine.generate([row["prompt"] for row in rows], num_generations=cfg.num_generations,
+                               max_completion_length=max_len, **sampling)
+    return tools.sample(engine, rows, num_generations=cfg.num_generations, max_completion_length=max_len,
                         chat_template_kwargs=cfg.chat_template_kwargs, **sampling)
 
 

@@ -33,15 +33,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _generate_all(model, tokenizer, prompts, *, num_generations, batch_size, tools=None, **sampling):
+def _generate_all(model, tokenizer, rows, *, num_generations, batch_size, tools=None, **sampling):
     """Completions (grouped by prompt), their lengths (the policy's tokens) and tool calls per completion, generated
     ``batch_size`` sequences at a time; with ``tools`` (batch.ToolSetup) through the multi-turn tool loop."""
     prompts_per_batch = max(1, batch_size // num_generations)
     completions, lengths, calls = [], [], []
-    for start in range(0, len(prompts), prompts_per_batch):
-        chunk = prompts[start:start + prompts_per_batch]
+    for start in range(0, len(rows), prompts_per_batch):
+        chunk = rows[start:start + prompts_per_batch]
         if tools is None:
-            rollout = sample_completions(model, tokenizer, chunk, num_generations=num_generations, **sampling)
+            rollout = sample_completions(model, tokenizer, [row["prompt"] for row in chunk],
+                                         num_generations=num_generations, **sampling)
             calls += [0] * len(rollout.completions)
             lengths += rollout.completion_lengths.tolist()
         else:
@@ -67,10 +68,9 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
     paired comparison of two models on the same rows (``mcnemar``). ``tools`` (batch.ToolSetup): completions come
     from the multi-turn tool loop, and ``tool_calls_greedy`` (tool calls per greedy completion) is reported too.
     """
-    prompts = [row["prompt"] for row in rows]
     results = {"num_problems": len(rows)}
     generate = lambda k, **sampling: _generate_all(  # noqa: E731
-        model, tokenizer, prompts, num_generations=k, batch_size=batch_size,
+        model, tokenizer, rows, num_generations=k, batch_size=batch_size,
         max_completion_length=max_completion_length or task.max_completion_length,
         chat_template_kwargs=chat_template_kwargs, tools=tools, **sampling)
 

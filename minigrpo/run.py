@@ -18,7 +18,7 @@ from .prompts import encode_prompts
 from .rewards import build_reward_funcs
 from .rollout import eos_token_ids
 from .tasks import Task
-from .tools import ToolWorker, load_tools, tool_schemas
+from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
 
 __all__ = ["policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "finish_run", "tool_setup"]
 
@@ -83,20 +83,24 @@ def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: 
                              tools=tools)
 
 
-def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer) -> ToolSetup | None:
-    """The run's tools (train's `tools=`, else cfg.tools, else the task's own) with a worker to run them, or None.
+def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer,
+               environment_factory=None) -> ToolSetup | None:
+    """The run's tools (train's `tools=`, else cfg.tools, else the task's own) with a worker to run them, and the
+    environments environment_factory makes (one per completion, tools/environment.py), or None for neither.
     A function without a usable schema (type hints, a docstring) is a one-line error here, before any step."""
     if tools is None:
         tools = load_tools(cfg.tools) if cfg.tools else getattr(task, "tools", None)
-    if not tools:
+    if not tools and environment_factory is None:
         return None
-    tool_schemas(tools)
+    tools = list(tools or [])
+    environments = EnvironmentPool(environment_factory) if environment_factory is not None else None
+    tool_schemas(tools + ([] if environments is None else list(environment_tools(environments.example).values())))
     worker = ToolWorker({tool.__name__: tool for tool in tools}, max_output_chars=cfg.max_tool_output_chars)
     max_iterations = cfg.max_tool_calling_iterations
     if max_iterations is None:  # the task's own limit, if it has one
         max_iterations = getattr(task, "max_tool_calling_iterations", None)
-    return ToolSetup(list(tools), worker, eos_token_ids(model, tokenizer), max_iterations, cfg.tool_timeout,
-                     cfg.max_tool_output_chars)
+    return ToolSetup(tools, worker, eos_token_ids(model, tokenizer), max_iterations, cfg.tool_timeout,
+                     cfg.max_tool_output_chars, environments)
 
 
 def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: dict, after: dict,

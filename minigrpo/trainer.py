@@ -57,13 +57,16 @@ from .tasks import get_task
 __all__ = ["train", "prepare_update", "grpo_update"]
 
 
-def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None = None, progress: bool = True) -> dict:
+def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None = None, environment_factory=None,
+          progress: bool = True) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, completions.jsonl,
     summary.json, plots/}.
 
     reward_funcs: your own reward functions (TRL's signature, see rewards.py); they replace cfg.reward_funcs.
     tools: plain typed Python functions the model may call (TRL's `tools=`, tools/); they replace cfg.tools and the
     task's own. With tools, each completion is a multi-turn rollout and the loss learns only the policy's tokens.
+    environment_factory: TRL's: a class (or function) whose instances are stateful tools, one per completion, reset
+    from its dataset row (tools/environment.py); its get_reward(), if any, is one more reward function (weight 1).
     Under `accelerate launch` / `torchrun` with W processes, each one trains on 1/W of every batch
     (distributed.py); rank 0 alone evaluates and writes, and every rank returns the summary.
     """
@@ -78,7 +81,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
     ref_model = reference_policy(model) if cfg.beta > 0 else None
-    tools = tool_setup(cfg, task, tools, model, tokenizer)  # None: single-turn completions
+    tools = tool_setup(cfg, task, tools, model, tokenizer, environment_factory)  # None: single-turn completions
+    if tools is not None and tools.environments is not None and tools.environments.has_reward:
+        reward_funcs, weights = reward_funcs + [tools.environments.reward_func()], weights + [1.0]
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
     sampler = PromptSampler(train_rows, cfg.seed, distributed.rank(), distributed.world_size())
     out, main = Path(cfg.output_dir), distributed.is_main()

@@ -81,7 +81,28 @@ class EnvironmentPool:
             raise ConfigError(f"environment_factory: {cls.__name__} has no reset(**row) method")
         self.factory, self.tool_names = factory, _tool_names(cls)
         self.has_reward = callable(getattr(cls, "get_reward", None))
+        self.example = probe  # the first instance: its tools' schemas are checked before any step
         self._instances = [probe]
+
+    def reward_func(self) -> Callable:
+        """get_reward as a reward function (TRL's rule: weight 1, logged under the environment's class name): it
+        reads the ``environments`` column, one instance per completion."""
+        def reward(prompts, completions, environments, **row):
+            return environment_rewards(environments)
+
+        reward.__name__ = type(self.example).__name__
+        return reward
+
+    def reset_groups(self, rows: list[dict], group_size: int) -> tuple[list, list]:
+        """reset() for G completions of each row: (environments (B*G), prompts (B)). The G environments of a row
+        must show the same prompt (a group shares its prompt): a reset that differs within a group is an error."""
+        environments, prompts = self.reset([row for row in rows for _ in range(group_size)])
+        for i in range(len(rows)):
+            if any(p != prompts[i * group_size] for p in prompts[i * group_size:(i + 1) * group_size]):
+                raise ConfigError("environment_factory: reset(**row) gave the completions of one row different "
+                                  "observations; GRPO compares completions of one prompt, so reset must be deterministic "
+                                  "in the row")
+        return environments, prompts[::group_size]
 
     def reset(self, rows: list[dict]) -> tuple[list, list]:
         """Reset one environment per row with ``reset(**row)``; returns (environments, prompts): each row's

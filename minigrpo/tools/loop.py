@@ -70,6 +70,7 @@ class ToolRollout(Rollout):
     stop_reasons: list[str] = field(default_factory=list)  # no_tool_call | max_tool_calling_iterations | ...length
     turns: list[list[Turn]] = field(default_factory=list)  # per row, in order
     messages: list[list[dict]] = field(default_factory=list)  # per row, the completion as TRL's messages
+    environments: list | None = None  # per row, its environment (environment_factory), for the reward functions
 
     @property
     def policy_mask(self) -> torch.Tensor:
@@ -233,7 +234,7 @@ def sample_with_tools(engine, tokenizer, prompts: list, *, tools: list[Callable]
     own_worker = worker is None and bool(plain)
     worker = ToolWorker(plain, max_output_chars=max_tool_output_chars) if own_worker else worker
     try:
-        return tool_call_loop(engine, tokenizer, prompt_ids, first_ids, first_logp, tools=tables,
+        roll = tool_call_loop(engine, tokenizer, prompt_ids, first_ids, first_logp, tools=tables,
                               max_completion_length=max_completion_length,
                               max_tool_calling_iterations=max_tool_calling_iterations, eos_ids=eos_ids,
                               tool_timeout=tool_timeout, max_tool_output_chars=max_tool_output_chars, worker=worker,
@@ -242,3 +243,5 @@ def sample_with_tools(engine, tokenizer, prompts: list, *, tools: list[Callable]
     finally:
         if own_worker:
             worker.close()
+    roll.environments = environments
+    return roll
