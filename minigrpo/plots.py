@@ -624,12 +624,14 @@ def plot_memory_vs_length(rows: list[dict], *, axes=None, title: str | None = No
     minigrpo and TRL, the minigrpo/TRL ratio written at each length. A run with variable lengths (an eos
     probability) is drawn as a hollow marker at its mean completion length. Returns the two axes."""
     axes = axes if axes is not None else plt.subplots(1, 2, figsize=(11, 4))[1]
-    sides = {"minigrpo": "C0", "trl": "C1"}
+    # side: (colour, line); the third only with --compare-shared-prefix
+    sides = {"minigrpo": ("C0", "o-"), "trl": ("C1", "o-"), "minigrpo, no shared prefix": ("C0", "o--")}
+    sides = {side: style for side, style in sides.items() if side in rows[0]}
     panels = [("peak_bytes", 2**20, "peak step memory (MiB)"), ("step_cpu", 1, "step time (CPU s)")]
     for ax, (key, scale, ylabel) in zip(axes, panels):
         fixed = [r for r in rows if not r["eos_probability"] and r["minigrpo"][key] is not None]
-        for side, color in sides.items():
-            ax.plot([r["length"] for r in fixed], [r[side][key] / scale for r in fixed], "o-", color=color,
+        for side, (color, line) in sides.items():
+            ax.plot([r["length"] for r in fixed], [r[side][key] / scale for r in fixed], line, color=color,
                     label="TRL" if side == "trl" else side)
             for r in rows:
                 if r["eos_probability"] and r[side][key] is not None:

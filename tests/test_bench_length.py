@@ -75,7 +75,7 @@ def test_bench_length_compares_the_shared_prefix_and_counts_flops(tmp_path, caps
     pytest.importorskip("trl")
     out = tmp_path / "bench.json"
     assert main(["--shape", "test", "--lengths", "4", "--eos-probability", "0", "--num-generations", "4",
-                 "--compare-shared-prefix", "--flops", "--json", str(out)]) == 0
+                 "--compare-shared-prefix", "--flops", "--json", str(out), "--plot", str(tmp_path / "bench.png")]) == 0
     printed = capsys.readouterr().out
     assert "prompts: countdown's, through the stand-in's chat template" in printed
     assert "no shared prefix" in printed and "GFLOP/s" in printed
@@ -86,3 +86,4 @@ def test_bench_length_compares_the_shared_prefix_and_counts_flops(tmp_path, caps
     # 4 completions x (224 + 4) tokens, against 224 + 4 x 4: about a quarter of the FLOPs.
     assert shared["train_flops"] < 0.5 * unshared["train_flops"]
     assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("unshared_step_cpu_ratio", "unshared_peak_bytes_ratio"))
+    assert (tmp_path / "bench.png").stat().st_size > 10_000  # three sides drawn
