@@ -144,6 +144,9 @@ def plot_advantage_histogram(metrics: list[dict], *, ax=None, steps: list[int] |
     return _label(ax, "advantage", "completions", title or "advantages (zero-std groups pile up at 0)", grid=None)
 
 
+FRACTION_YLIM = (-0.04, 1.04)  # 0..1 with a margin, so that a curve at exactly 0 or 1 does not hide on the frame
+
+
 def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title: str = "", window: int = 3):
     """One GRPO run on a 2 x 3 grid: reward, held-out accuracy, zero-std groups, completion lengths, the advantages
     of every step (a heat map), entropy. Returns the figure. summary (summary.json) adds the before / after marks."""
@@ -159,7 +162,7 @@ def plot_run_overview(metrics: list[dict], summary: dict | None = None, *, title
                         label=f"after ({summary['num_test_problems']} problems)")
         axes[0, 1].legend(fontsize=8)
     plot_curve(run, "frac_reward_zero_std", ax=axes[0, 2], ylabel="fraction of groups", window=window,
-               title="frac_reward_zero_std (groups with no signal)", ylim=(0, 1))
+               title="frac_reward_zero_std (groups with no signal)", ylim=FRACTION_YLIM)
     plot_completion_lengths(run, ax=axes[1, 0], window=window)
     plot_advantage_heatmap(metrics, ax=axes[1, 1])
     plot_curve(run, "entropy", ax=axes[1, 2], ylabel="nats / token", window=window, title="policy entropy")
@@ -274,7 +277,7 @@ def plot_sampling_mismatch(runs: dict[str, list[dict]], *, axes=None):
     return axes
 
 
-FRACTIONS = ("frac_reward_zero_std", "eval/accuracy_greedy")  # drawn on 0..1
+FRACTIONS = ("frac_reward_zero_std", "eval/accuracy_greedy")  # drawn on 0..1 (FRACTION_YLIM)
 
 
 def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 10) -> list[Path]:
@@ -307,7 +310,7 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
         for ax, (key, ylabel, title) in zip(axes[0], panels):
             plot_curve(runs, key, ax=ax, ylabel=ylabel, title=title, window=1 if key.startswith("eval/") else window,
-                       style="o-" if key.startswith("eval/") else "-", ylim=(0, 1) if key in FRACTIONS else None)
+                       style="o-" if key.startswith("eval/") else "-", ylim=FRACTION_YLIM if key in FRACTIONS else None)
         if filename in ("accuracy.png", "tools.png"):
             plot_before_after(run_dirs, axes[0][0 if filename == "accuracy.png" else 1])
         fig.tight_layout()
@@ -475,7 +478,8 @@ def plot_surrogate(per_token_losses: dict[str, Callable], adv: float, *, ax=None
 
     per_token_losses: {label: f(ratio (R,), adv (R,)) -> per-token loss (R,)}, e.g. a lambda calling
     `clipped_surrogate`. Where the objective is flat the token gets no gradient (clipped): those stretches are
-    drawn thick and faint, found with autograd rather than by redoing the clipping here.
+    overlaid with faint dots, found with autograd rather than by redoing the clipping here (so no curve is drawn
+    dotted: the curves are solid, dashed and dash-dotted).
     """
     ax = ax or plt.subplots(figsize=(5.5, 3.8))[1]
     ratio = torch.linspace(*ratio_range, 281, dtype=torch.float64, requires_grad=True)
@@ -486,13 +490,13 @@ def plot_surrogate(per_token_losses: dict[str, Callable], adv: float, *, ax=None
         x, y = ratio.detach().numpy(), objective.detach().numpy()
         # Curves often coincide over a stretch: the first is drawn widest and the later ones thinner and dashed
         # on top of it, so none hides another.
-        ax.plot(x, y, color=f"C{i}", lw=4.5 - 1.4 * min(i, 2), ls=("-", "--", ":")[min(i, 2)], label=label)
+        ax.plot(x, y, color=f"C{i}", lw=4.5 - 1.4 * min(i, 2), ls=("-", "--", "-.")[min(i, 2)], label=label)
         flat = (grad == 0).numpy()
         ax.plot(x[flat], y[flat], ".", color=f"C{i}", ms=5, alpha=0.35)
     ax.axvline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xlabel(r"ratio $\rho = \pi_\theta / \pi_{old}$")
     ax.set_ylabel(r"objective per token $-\ell(\rho, A)$")
-    ax.set_title(title or f"A = {adv:+g}  (dotted stretches: clipped, zero gradient)")
+    ax.set_title(title or f"A = {adv:+g}  (dots: clipped, zero gradient)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return ax
@@ -612,7 +616,8 @@ def plot_advantage_heatmap(metrics: list[dict], *, ax=None, bins: int = 25, limi
     image = ax.imshow(share.T.numpy(), origin="lower", aspect="auto", cmap="viridis", norm=PowerNorm(0.5, 0, 1),
                       extent=(steps[0] - 0.5, steps[-1] + 0.5, -limit, limit), interpolation="nearest")
     ax.axhline(0, color="w", lw=0.4, alpha=0.5)
-    ax.figure.colorbar(image, ax=ax, label="share of the step's completions", fraction=0.046, pad=0.02)
+    ax.figure.colorbar(image, ax=ax, label="share of the step's completions\n(square-root scale)", fraction=0.046,
+                       pad=0.02)
     ax.set_xlabel("step")
     ax.set_ylabel(f"advantage (bins of {width:.2f})")
     ax.set_title(title or "advantages per step (middle row: zero-std groups)")

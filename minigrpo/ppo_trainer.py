@@ -71,9 +71,8 @@ __all__ = ["PPOConfig", "train_ppo"]
 class PPOConfig:
     """What PPO has and GRPO does not, with TRL's PPOConfig names. The defaults were chosen on think_addition.
 
-    Tried briefly, measured on the code before commit 46b497a (where building the critic still moved the sampling
-    RNG, so each run's samples differed from GRPO's from step 1; 30 steps, seed 0, greedy accuracy on 200 test
-    problems at step 30; GRPO reached 73.5% there): lam 0.95 gave 70.5% (critic lr 1e-4) and 72.0% (1e-3), lam 1
+    Tried briefly (30 steps, seed 0, greedy accuracy on 200 test problems at step 30, with samples that differed
+    from GRPO's from step 1 on, as building the critic then moved the sampling RNG; GRPO reached 73.5% there): lam 0.95 gave 70.5% (critic lr 1e-4) and 72.0% (1e-3), lam 1
     gave 73.0% (1e-4) and 79.0% (1e-3). The shipped PPO run (notebook 06) is at 74.0% at step 30. All learn; one
     seed cannot rank them (a difference of two runs has a standard error of ~4.5 points). So the choices follow
     reasons:

@@ -14,7 +14,7 @@ from 1, greedy accuracy on the first 200 test problems every 10 steps) and chang
 script prints both GRPO accuracies, which differ if the code changed between the two sets of runs. Notebook 08
 compares its runs with its own grpo and gspo runs only, made with the same code as the rest of them.
 
-Each run's small files go to data/reference_runs/variants2/<name>/: metrics.jsonl, summary.json, config.yaml,
+Each run's small files go to data/reference_runs/more_variants/<name>/: metrics.jsonl, summary.json, config.yaml,
 correct_after.json (each test problem's greedy result, for McNemar's test, as notebook 04's) and (grpo,
 pass_at_k, gfpo_length) pass_at_k.json
 (8 samples per test problem at temperature 1 from the trained model, pass@1..8: made after training from the saved
@@ -41,7 +41,7 @@ from minigrpo.models import load_model_and_tokenizer  # noqa: E402
 from minigrpo.tasks import DATA_DIR, get_task  # noqa: E402
 from minigrpo.trainer import train  # noqa: E402
 
-TARGET_DIR = REFERENCE_DIR / "variants2"
+TARGET_DIR = REFERENCE_DIR / "more_variants"
 PASS_K_SAMPLES = 8
 # name -> the Config fields that make the run (on top of VARIANT_BASE). In the order they are made.
 RUNS = {

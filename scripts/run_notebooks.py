@@ -4,6 +4,11 @@
     python scripts/run_notebooks.py notebooks/03_train_grpo.ipynb
     python scripts/run_notebooks.py --fast --out /tmp/nb  # MINIGRPO_FAST=1 (what the tests run), copies elsewhere
     python scripts/run_notebooks.py --threads 1           # OMP_NUM_THREADS=1: how the committed outputs were made
+    python scripts/run_notebooks.py --fast --exercise 3 notebooks/04_variants.ipynb   # "Try this" 3, edited in, run
+
+Each notebook ends with exercises ("## Try this"). An exercise that asks for an edit states it as a ```diff block
+(lines starting with "-" are replaced by the lines starting with "+", lines starting with a space are context), so
+that `exercises()` can read it and tests/test_notebook_exercises.py can apply it and run the notebook as edited.
 
 Each notebook runs in a fresh kernel whose working directory is notebooks/ and which imports minigrpo from this
 checkout (PYTHONPATH is set to the repository root), whatever else is installed.
@@ -13,9 +18,14 @@ made generation 8x slower here (47 s instead of 6 s for a batch of 128 completio
 """
 
 import argparse
+import ast
+import builtins
+import copy
 import os
+import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -25,14 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: int | None = None,
-                     workdir: Path | None = None) -> nbformat.NotebookNode:
+                     workdir: Path | None = None, notebook: nbformat.NotebookNode | None = None
+                     ) -> nbformat.NotebookNode:
     """Run every cell of the notebook at `path` in a new python3 kernel; raises on the first failing cell.
 
     fast: MINIGRPO_FAST=1 for the kernel. timeout: seconds per cell. threads: OMP_NUM_THREADS for the kernel
     (None: inherit). workdir: the kernel's working directory, where live runs are written (default: the
-    notebook's folder).
+    notebook's folder). notebook: run this (e.g. an exercise's edited copy) instead of the file at `path`.
     """
-    notebook = nbformat.read(path, as_version=4)
+    notebook = nbformat.read(path, as_version=4) if notebook is None else notebook
     env = {"MINIGRPO_FAST": "1" if fast else "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if threads is not None:
@@ -52,20 +63,226 @@ def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: in
     return notebook
 
 
+@dataclass
+class Exercise:
+    """One numbered item of a notebook's "## Try this" cell: its text and the edits it asks for.
+
+    edits: one list per ```diff block, of (op, line) with op "-" (a line to replace), "+" (its replacement) or " "
+    (context, kept). An exercise without a diff block says why it is not run (e.g. it needs a GPU).
+    through_section: where the student stops running, when the exercise (or the text above the exercises) says
+    "up to the end of section N"; else the end of the edited cell's own section."""
+
+    number: int
+    text: str
+    edits: list[list[tuple[str, str]]]
+    through_section: int | None = None
+
+
+TRY_THIS = "## Try this"
+NOT_RUN = "not run by the tests"  # what an exercise without an edit says, and why, in its text
+
+
+def exercises(notebook: nbformat.NotebookNode) -> list[Exercise]:
+    """The exercises of the notebook's "## Try this" markdown cell, in order."""
+    found = []
+    for cell in notebook.cells:
+        if cell.cell_type != "markdown" or not cell.source.lstrip().startswith(TRY_THIS):
+            continue
+        preamble, *items = re.split(r"(?m)^(?=\d+\. )", cell.source)  # numbered items start at column 0
+        for item in items:
+            blocks = []
+            for indent, body in re.findall(r"(?ms)^( *)```diff\n(.*?)^\1```", item):
+                lines = [line[len(indent):] if line.startswith(indent) else line.lstrip(" ")
+                         for line in body.rstrip("\n").split("\n")]
+                blocks.append([(line[:1] or " ", line[1:]) for line in lines])
+            through = re.search(r"up to the end of section (\d+)", item) or re.search(
+                r"up to the end of section (\d+)", preamble)
+            found.append(Exercise(int(item.split(".", 1)[0]), item.strip(), blocks,
+                                  int(through.group(1)) if through else None))
+    return found
+
+
+def apply_exercise(notebook: nbformat.NotebookNode, exercise: Exercise) -> tuple[nbformat.NotebookNode, list[int]]:
+    """A copy of the notebook with the exercise's edits made, and the indices of the cells they changed.
+
+    Each diff block's "-" and " " lines must appear, in order and adjacent, in exactly one code cell."""
+    edited = copy.deepcopy(notebook)
+    changed = []
+    for block in exercise.edits:
+        old = [line.rstrip() for op, line in block if op in " -"]
+        new = [line for op, line in block if op in " +"]
+        matches = []
+        for index, cell in enumerate(edited.cells):
+            if cell.cell_type != "code":
+                continue
+            lines = [line.rstrip() for line in cell.source.split("\n")]
+            matches += [(index, start) for start in range(len(lines) - len(old) + 1)
+                        if lines[start:start + len(old)] == old]
+        if len(matches) != 1:
+            raise ValueError(f"exercise {exercise.number}: the lines to change appear {len(matches)} times in the "
+                             f"code cells, not once:\n" + "\n".join(old))
+        index, start = matches[0]
+        lines = edited.cells[index].source.split("\n")
+        edited.cells[index].source = "\n".join(lines[:start] + new + lines[start + len(old):])
+        changed.append(index)
+    return edited, sorted(set(changed))
+
+
+def section_end(notebook: nbformat.NotebookNode, index: int) -> int:
+    """The index of the first markdown cell after `index` that opens a section ("## ..."), or the cell count."""
+    for later in range(index + 1, len(notebook.cells)):
+        cell = notebook.cells[later]
+        if cell.cell_type == "markdown" and re.search(r"(?m)^## ", cell.source):
+            return later
+    return len(notebook.cells)
+
+
+def cell_names(source: str) -> tuple[dict[str, bool], set[str]] | None:
+    """What a code cell defines at the top level ({name: defined whatever the branch taken}) and the names it reads
+    (anywhere, its functions included); None if it is not plain Python. A shell line (`!cmd {expr}`) reads the
+    names in its braces."""
+    lines, shell_names = [], set()
+    for line in source.split("\n"):
+        if line.lstrip().startswith(("!", "%")):
+            shell_names |= set(re.findall(r"[A-Za-z_]\w*", " ".join(re.findall(r"\{([^}]*)\}", line))))
+            line = ""
+        lines.append(line)
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+    defined = {}
+
+    def bind(target, always):
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                defined[node.id] = defined.get(node.id, False) or always
+
+    def visit(statements, always):
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined[node.name] = defined.get(node.name, False) or always
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    name = (alias.asname or alias.name).split(".")[0]
+                    defined[name] = defined.get(name, False) or always
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    bind(target, always)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                bind(node.target, always)
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                bind(node.target, False)
+                visit(node.body + node.orelse, False)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        bind(item.optional_vars, always)
+                visit(node.body, always)
+            elif isinstance(node, (ast.If, ast.While)):
+                visit(node.body + node.orelse, False)
+            elif isinstance(node, ast.Try):
+                visit(node.body + node.orelse + node.finalbody, False)
+                for handler in node.handlers:
+                    visit(handler.body, False)
+
+    visit(tree.body, True)
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return defined, (used | shell_names) - {name for name, always in defined.items() if always} - set(dir(builtins))
+
+
+def needed_cells(notebook: nbformat.NotebookNode, first: int, end: int) -> set[int]:
+    """The code cells to run so that cells first..end-1 run as they would after the whole notebook above them: those
+    cells, and before them every cell that defines a name they read (back to a definition made whatever the branch
+    taken), and so on. Cells that read no such name are left out: what an exercise's test need not wait for."""
+    names = {i: cell_names(c.source) for i, c in enumerate(notebook.cells) if c.cell_type == "code"}
+    todo = [i for i in names if first <= i < end]
+    needed = set(todo)
+    while todo:
+        i = todo.pop()
+        if names[i] is None:  # not plain Python: everything before it
+            wanted = {j for j in names if j < i}
+        else:
+            wanted = set()
+            for name in names[i][1]:
+                for j in sorted((j for j in names if j < i), reverse=True):
+                    if names[j] is None or name in names[j][0]:
+                        wanted.add(j)
+                        if names[j] is not None and names[j][0][name]:
+                            break  # defined whatever the branch taken: earlier definitions do not matter
+        for j in wanted - needed:
+            needed.add(j)
+            todo.append(j)
+    return needed
+
+
+def exercise_notebook(notebook: nbformat.NotebookNode, exercise: Exercise) -> nbformat.NotebookNode:
+    """What a student runs for the exercise: the notebook with its edits, from the edited cell to the end of its
+    section ("re-run that cell and the rest of its section"), and the section the exercise names if it names one
+    ("up to the end of section N") — with, above them, the first code cell (the set-up) and the cells those read
+    names from (`needed_cells`), as if the whole notebook had run before."""
+    edited, changed = apply_exercise(notebook, exercise)
+    ranges = [(changed[0], section_end(edited, changed[-1]))]
+    if exercise.through_section is not None:
+        heading = [i for i, c in enumerate(edited.cells)
+                   if c.cell_type == "markdown" and re.search(rf"(?m)^## {exercise.through_section}\. ", c.source)]
+        if len(heading) != 1:
+            raise ValueError(f"exercise {exercise.number}: no single '## {exercise.through_section}. ' heading")
+        ranges.append((heading[0], section_end(edited, heading[0])))
+    keep = {next(i for i, c in enumerate(edited.cells) if c.cell_type == "code")}
+    for first, end in ranges:
+        keep |= needed_cells(edited, first, end)
+    end = max(end for _, end in ranges)
+    edited.cells = [c for i, c in enumerate(edited.cells[:end]) if c.cell_type != "code" or i in keep]
+    return edited
+
+
+def collapse_streams(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Merge each cell's consecutive stream outputs and keep what a terminal shows of a progress bar: the text after
+    the last carriage return of each line. So a committed notebook holds a bar's last state, not its every update."""
+    for cell in notebook.cells:
+        merged = []
+        for output in cell.get("outputs", []):
+            if (output["output_type"] == "stream" and merged and merged[-1]["output_type"] == "stream"
+                    and merged[-1]["name"] == output["name"]):
+                merged[-1]["text"] += output["text"]
+            else:
+                merged.append(output)
+        for output in merged:
+            if output["output_type"] == "stream":
+                output["text"] = "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1]
+                                           for line in output["text"].split("\n"))
+        if "outputs" in cell:
+            cell["outputs"] = merged
+    return notebook
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path)
     parser.add_argument("--fast", action="store_true", help="MINIGRPO_FAST=1: a few steps instead of the lesson")
     parser.add_argument("--out", type=Path, help="write executed copies here instead of in place")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the kernels (1 on a shared CPU)")
+    parser.add_argument("--exercise", type=int, help="run this 'Try this' exercise, edited in (up to the end of "
+                                                     "the edited cell's section); needs --out")
     args = parser.parse_args()
+    if args.exercise is not None and not args.out:
+        parser.error("--exercise writes the edited notebook elsewhere: give --out")
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     for path in paths:
         t0 = time.time()
-        notebook = execute_notebook(path.resolve(), fast=args.fast, threads=args.threads)
+        edited = None
+        if args.exercise is not None:
+            original = nbformat.read(path, as_version=4)
+            chosen = [e for e in exercises(original) if e.number == args.exercise]
+            if not chosen or not chosen[0].edits:
+                print(f"{path.name}: no exercise {args.exercise} with an edit", flush=True)
+                continue
+            edited = exercise_notebook(original, chosen[0])
+        notebook = execute_notebook(path.resolve(), fast=args.fast, threads=args.threads, notebook=edited)
         target = (args.out / path.name) if args.out else path
         target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(notebook, target)
+        nbformat.write(collapse_streams(notebook), target)
         print(f"{path.name}: executed in {time.time() - t0:.0f} s -> {target}", flush=True)
 
 

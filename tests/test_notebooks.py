@@ -2,10 +2,11 @@
 
 The kernel imports minigrpo from this checkout (scripts/run_notebooks.py sets PYTHONPATH), which the first cell's
 version printout (the checkout's commit, not its path) lets us check. Fast mode trains for a few steps only; the
-whole file takes about a minute and a half on 2 CPU cores. A second test checks that the committed notebooks carry
-the outputs of a full run.
+whole file takes about a minute and a half on 2 CPU cores. Other tests check that the committed notebooks carry
+the outputs of a full run, and that numbers the prose quotes are the numbers those outputs print.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,7 @@ def _text_outputs(cell) -> str:
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
     assert {"01_group_advantages.ipynb", "02_objectives.ipynb", "03_train_grpo.ipynb", "04_variants.ipynb",
-            "05_one_gpu.ipynb", "06_grpo_vs_ppo.ipynb", "07_real_model.ipynb"} <= set(names), names
+            "05_one_gpu.ipynb", "06_grpo_vs_ppo.ipynb", "07_real_model.ipynb", "08_more_variants.ipynb"} <= set(names), names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -70,3 +71,89 @@ def test_committed_notebook_has_full_mode_outputs(path):
     text = "".join(_text_outputs(c) for c in code_cells)
     assert "fast mode: True" not in text, f"{path.name}: committed outputs come from fast mode"
     assert "/minigrpo)" not in _text_outputs(code_cells[0]), f"{path.name}: the first cell shows a machine's path"
+
+
+# Numbers the prose quotes from an output, and where the output prints them: (notebook, the prose's words, the
+# outputs' words). Both are compared with runs of whitespace collapsed. A re-execution that moves a number fails
+# here until the prose says what the output says. Not every number is listed: the ones a conclusion rests on.
+QUOTES = [
+    ("01_group_advantages", "(0.188 at $G = 8$ above)", ["frac_reward_zero_std = 0.188"]),
+    ("02_objectives", "(0.0681 against k3's 0.0709)", ["std per sample 0.0681", "std per sample 0.0709"]),
+    ("02_objectives", "k3's is the lower one (0.025 against 0.029)", ["+0.0016 ( 0.029) +0.0000 ( 0.025)"]),
+    ("03_train_grpo", "(0.69 of 1.84 s per step in the shipped run, steps 2–40, section 5)",
+     ["steps 2-40: 1.84 s per step, of which sampling and scoring 0.69 s"]),
+    ("03_train_grpo", "thinks in about half its answers", ["thinks in 48% of them"]),
+    ("03_train_grpo", "scratchpad in about half its samples (48%), and those are right 42% of the time, against 0% for",
+     ["thinks in 48% of them; accuracy when thinking 42%, without thinking 0%"]),
+    ("03_train_grpo", "Drawn, it stays between 0.06 and 0.38 (single steps: 0 to 0.56), while the drawn reward stays "
+                      "between 0.23 and 0.56 (single steps: 0.16–0.59)",
+     ["frac_reward_zero_std logged per step 0.000 .. 0.562 drawn (3-step trailing mean) 0.062 .. 0.375",
+      "reward logged per step 0.164 .. 0.594 drawn (3-step trailing mean) 0.230 .. 0.557"]),
+    ("03_train_grpo", "a norm of 0.51 on average against 0.91",
+     ["(mean 0.91) over steps 1-20", "(mean 0.51) over steps 1-20"]),
+    ("04_variants", "GSPO 79.0%, RLOO 78.0%, GRPO 74.5%, DAPO 72.5%, GMPO 71.5%, Dr. GRPO 70.5% — an 8.5-point spread",
+     ["GSPO 29.5% -> 79.0%", "RLOO 29.5% -> 78.0%", "GRPO 29.5% -> 74.5%", "DAPO 29.5% -> 72.5%",
+      "GMPO 29.5% -> 71.5%", "Dr. GRPO 29.5% -> 70.5%", "span 70.5% .. 79.0% (8.5 points)"]),
+    ("04_variants", "GRPO's three seeds end at 74.5%, 73.5% and 75.0%",
+     ["GRPO 0 62.5% 76.5% 74.0% 74.5%", "GRPO 1 68.5% 76.0% 78.0% 73.5%", "GRPO 2 72.5% 70.5% 75.5% 75.0%"]),
+    ("04_variants", "by +1.04, +0.88 and +0.41 tokens", ["all, steps 2-5 +1.04 +0.88 +0.41"]),
+    ("05_one_gpu", "greedy accuracy went from 29.5% to 26.5% on 200 problems",
+     ["float32 model greedy accuracy on 200 test problems: 29.5%", "its nf4 copy greedy accuracy on 200 test problems: 26.5%"]),
+    ("05_one_gpu", "9 are right for the float model only and 3 for the nf4 copy only",
+     ["right for the float32 model only: 9, for the nf4 copy only: 3"]),
+    ("05_one_gpu", "LoRA took greedy accuracy from 29.5% to 75.0%, QLoRA from its 4-bit base's 26.5% to 73.5%",
+     ["LoRA greedy accuracy 29.5% -> 75.0%", "QLoRA (nf4) greedy accuracy 26.5% -> 73.5%"]),
+    ("06_grpo_vs_ppo", "82.0% (GRPO) and 78.0% (PPO) after 50 steps", ["GRPO 29.5% -> 82.0%", "PPO 29.5% -> 78.0%"]),
+    ("06_grpo_vs_ppo", "21 against 13 (McNemar's p = 0.23)", ["GRPO vs PPO 21 13 0.23"]),
+    ("06_grpo_vs_ppo", "PPO's 2.45 s is 1.75× GRPO's 1.40 s but 3.4× the other GRPO run's 0.73 s, and the slow-critic "
+                       "PPO run, made later, took 1.80 s",
+     ["GRPO 1.40s", "PPO 2.45s", "PPO, critic lr 1e-4 1.80s", "GRPO, PPO's loss + whitening 0.73s"]),
+    ("06_grpo_vs_ppo", "trails the mean reward by 0.14 in steps 1–5 and 0.04 in steps 6–15",
+     ["PPO -0.136 -0.039 -0.016 -0.019"]),
+    ("06_grpo_vs_ppo", "was −0.300 over steps 1–5 and −0.376 over steps 6–15", ["PPO, critic lr 1e-4 -0.300 -0.376"]),
+    ("07_real_model", "(0.49 against 0.47 of the nominal rate; the cell prints both)",
+     ["the recipe 300 steps, warm-up 20, linear decay: average learning rate 0.47",
+      "the GPU's first look 50 steps, warm-up 3, linear decay: average learning rate 0.49"]),
+    ("07_real_model", "would train at 0.34 of it", ["(the recipe's warm-up kept) 50 steps, warm-up 20, linear decay: "
+                                                    "average learning rate 0.34"]),
+    ("07_real_model", "(GRPO divided by the group's std, 0.524)", ["mean reward 0.437, std 0.524"]),
+    ("08_more_variants", "span 1.5 points for GRPO, 3.0 for Dr. GRPO and 8.0 for Dr. GRPO's loss alone",
+     ["span 1.5 points", "span 3.0 points", "span 8.0 points"]),
+    ("08_more_variants", "VESPO's 9 points and Pass@k's 8.5", ["VESPO -9.0", "Pass@k (k=4) -8.5"]),
+    ("08_more_variants", "**GFPO** (57.5%, 21 problems right for GFPO only against 55 for GRPO only, p = 0.00)",
+     ["GFPO (length) 29.5% -> 57.5% 21/ 55 0.00"]),
+]
+
+
+def _squeeze(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("stem, prose, outputs", QUOTES, ids=[f"{q[0][:2]}-{i}" for i, q in enumerate(QUOTES)])
+def test_quoted_numbers_match_the_committed_outputs(stem, prose, outputs):
+    notebook = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)
+    markdown = _squeeze(" ".join(c.source for c in notebook.cells if c.cell_type == "markdown"))
+    printed = _squeeze(" ".join(_text_outputs(c) for c in notebook.cells if c.cell_type == "code"))
+    assert _squeeze(prose) in markdown, f"{stem}: the prose no longer says {prose!r}: update QUOTES with it"
+    for words in outputs:
+        assert _squeeze(words) in printed, f"{stem}: the prose says {prose!r}, the outputs no longer print {words!r}"
+
+
+# What a student should not have to read: the project's history. Commit ids, issue numbers and "round N" belong in
+# git; a notebook says what the code does now. (The first cell's "git checkout, commit ..." names the code that made
+# the outputs: provenance, allowed.)
+HISTORY = re.compile(r"\bround[ -]?(\d+|two|three)\b|\bissue[ #]*\d+|\bbefore the fix\b|\bsince the fix\b|"
+                     r"(?<![.\w])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b(?![-+]\d)", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + [ROOT / "notebooks" / "README.md"], ids=lambda p: p.name)
+def test_no_project_history_in_what_a_student_reads(path):
+    if path.suffix == ".md":
+        texts = [path.read_text()]
+    else:
+        notebook = nbformat.read(path, as_version=4)
+        texts = [c.source for c in notebook.cells]
+        texts += [re.sub(r"git checkout, commit [0-9a-f]+", "", _text_outputs(c)) for c in notebook.cells
+                  if c.cell_type == "code"]
+    found = [m.group(0) for text in texts for m in HISTORY.finditer(text)]
+    assert not found, f"{path.name}: project history in what a student reads: {found}"
