@@ -16,12 +16,24 @@ newest `step-*.pt` is always whole, and older ones are deleted only after a newe
 
 metrics.jsonl is written before the checkpoint of the same step. After a crash it may hold lines past the
 newest checkpoint; `truncate_metrics` drops them on resume, so the file holds each step exactly once.
+
+Sharded training (FSDP2, distributed.py) writes a folder instead, every process its own shards:
+
+    RUN/checkpoints/step-000040/       torch.distributed.checkpoint (DCP): the trainable weights and the optimizer
+                                       state, each process writing the pieces it holds (.metadata, *.distcp)
+                                       + state.pt: the rest, as above (written by rank 0)
+
+No process ever holds the whole model to save or load it. The folder is written as `.step-000040.partial` and
+renamed when every process has finished, so a killed run leaves the previous checkpoint whole here too. Resuming
+needs the same number of processes (each resumes its own RNGs). Several machines: checkpoints must go to a
+folder every machine sees.
 """
 
 import json
 import os
 import random
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -33,7 +45,7 @@ from .errors import MinigrpoError
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "truncate_metrics", "CheckpointError",
            "RESUMABLE_CHANGES", "start_or_resume"]
 
-CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
+CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")  # a file, or a folder of shards
 # Config keys that may differ between the interrupted run and its resumption: they do not change what is
 # computed. Everything else must match, or the "resumed" run would be a different run.
 RESUMABLE_CHANGES = frozenset({"output_dir", "resume_from_checkpoint", "save_steps", "save_total_limit",
@@ -78,7 +90,7 @@ def _atomic_torch_save(obj, path: Path) -> None:
 
 
 def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the whole checkpoints in ckpt_dir, oldest first; temporary files are not listed."""
+    """(step, path) of the whole checkpoints in ckpt_dir, oldest first; temporary files and folders are not listed."""
     if not ckpt_dir.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := CHECKPOINT_NAME.fullmatch(p.name))]
@@ -97,46 +109,98 @@ def process_state(sampler, reward_funcs) -> dict:
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer, scheduler, sampler, reward_funcs,
                     config: dict, progress: dict, keep: int | None = None,
-                    process_states: list[dict] | None = None, ref_model=None) -> Path:
-    """Write ckpt_dir/step-{step}.pt atomically, then delete all but the newest `keep` checkpoints (None: keep all).
+                    process_states: list[dict] | None = None, ref_model=None, sharded: bool = False) -> Path:
+    """Write ckpt_dir/step-{step}.pt (sharded: the folder step-{step}/) atomically, then delete all but the newest
+    `keep` checkpoints (None: keep all).
 
     progress: what the loop carries from step to step besides the RNGs (e.g. accumulated wall time, the
     evaluation made before training), restored verbatim by `load_checkpoint`.
     process_states: with several processes, `process_state(...)` of every rank, gathered by rank 0 (which
     alone writes); None = this process's only.
     ref_model: a reference that moves during training (sync_ref_model): its weights are saved too.
+    sharded: the model is sharded (FSDP2): every process calls this, and the checkpoint is a folder of shards.
     """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
-        "model": trainable_state(model),  # the same on every rank: gradients are averaged before each step
-        "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "processes": process_states or [process_state(sampler, reward_funcs)],
         "config": config,
         "progress": progress,
     }
-    if ref_model is not None:
-        state["ref_model"] = {name: p.detach().clone() for name, p in ref_model.named_parameters()}
-    path = ckpt_dir / f"step-{step:06d}.pt"
-    _atomic_torch_save(state, path)
-    if keep is not None:
+    if sharded:
+        path = _save_shards(ckpt_dir, step, state, model, optimizer, ref_model)
+    else:
+        state.update(model=trainable_state(model),  # the same on every rank: gradients are averaged before each step
+                     optimizer=optimizer.state_dict())
+        if ref_model is not None:
+            state["ref_model"] = {name: p.detach().clone() for name, p in ref_model.named_parameters()}
+        path = ckpt_dir / f"step-{step:06d}.pt"
+        _atomic_torch_save(state, path)
+    if keep is not None and distributed.is_main():
         for _, old in _checkpoints(ckpt_dir)[:-keep]:
-            old.unlink()
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+    return path
+
+
+def _sharded_state(model, optimizer, ref_model) -> dict:
+    """What DCP writes and reads in place: {"model": the trainable weights, "optimizer": its state[, "ref_model"]},
+    each tensor this process's shard (DTensors), keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    weights = {k: v for k, v in get_model_state_dict(model).items() if k in trainable}
+    state = {"model": weights, "optimizer": get_optimizer_state_dict(model, optimizer)}
+    if ref_model is not None:
+        state["ref_model"] = get_model_state_dict(ref_model)
+    return state
+
+
+def _save_shards(ckpt_dir: Path, step: int, state: dict, model, optimizer, ref_model) -> Path:
+    """Every process writes its shards into .step-N.partial/, rank 0 adds state.pt, then renames it step-N/."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    path, partial = ckpt_dir / f"step-{step:06d}", ckpt_dir / f".step-{step:06d}.partial"
+    if distributed.is_main():
+        shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while writing
+    dist.barrier()
+    shards = _sharded_state(model, optimizer, ref_model)
+    dcp.save(shards, checkpoint_id=partial)
+    if distributed.is_main():
+        _atomic_torch_save({**state, "model_keys": sorted(shards["model"])}, partial / "state.pt")
+    dist.barrier()  # every process's shards are on disk
+    if distributed.is_main():
+        os.replace(partial, path)
+    dist.barrier()
     return path
 
 
 def latest_checkpoint(run_or_checkpoint: str | os.PathLike) -> Path:
-    """The newest checkpoint of a run directory, or the checkpoint file itself if given one."""
+    """The newest checkpoint of a run directory, or the checkpoint (file or folder of shards) itself if given one."""
     path = Path(run_or_checkpoint)
-    if path.is_file():
+    if path.is_file() or (path / "state.pt").is_file():
         return path
     found = _checkpoints(path / "checkpoints")
     if not found:
         raise CheckpointError(f"resume_from_checkpoint: no checkpoint in {path / 'checkpoints'} "
                               "(checkpoints are written every save_steps steps; was it 0?)")
     return found[-1][1]
+
+
+def _defaults_of_newer_keys(saved: dict, config: dict) -> dict:
+    """Config keys a checkpoint predates (written before the field existed), at their defaults: a field is added
+    with the default that keeps what earlier runs computed, so resuming with it left at the default is the same run."""
+    import dataclasses
+
+    from .config import Config
+
+    defaults = {f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
+    return {k: defaults[k] for k in config if k not in saved and k in defaults}
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sampler, reward_funcs,
@@ -149,25 +213,30 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sam
     """
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path / "state.pt" if path.is_dir() else path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
         raise CheckpointError(f"resume_from_checkpoint: cannot read {path}: {exc}") from exc
-    changed = sorted(k for k in config.keys() | state["config"].keys()
-                     if k not in RESUMABLE_CHANGES and config.get(k) != state["config"].get(k))
+    saved_config = {**_defaults_of_newer_keys(state["config"], config), **state["config"]}
+    changed = sorted(k for k in config.keys() | saved_config.keys()
+                     if k not in RESUMABLE_CHANGES and config.get(k) != saved_config.get(k))
     if changed:
-        diffs = ", ".join(f"{k} ({state['config'].get(k)!r} in the checkpoint, {config.get(k)!r} now)" for k in changed)
+        diffs = ", ".join(f"{k} ({saved_config.get(k)!r} in the checkpoint, {config.get(k)!r} now)" for k in changed)
         raise CheckpointError(f"resume_from_checkpoint: {path} was written by a run with other settings: {diffs}")
-    expected = trainable_state(model).keys()
-    if state["model"].keys() != expected:
+    expected = sorted(name for name, p in model.named_parameters() if p.requires_grad)
+    saved = state["model_keys"] if path.is_dir() else sorted(state["model"])
+    if saved != expected:
         raise CheckpointError(f"resume_from_checkpoint: {path} holds weights for another model "
-                              f"({len(state['model'])} trainable tensors, this model has {len(expected)})")
+                              f"({len(saved)} trainable tensors, this model has {len(expected)})")
     if len(state["processes"]) != world_size:
         raise CheckpointError(f"resume_from_checkpoint: {path} was written by a run of {len(state['processes'])} "
                               f"process(es); resume it with as many (this run has {world_size})")
-    model.load_state_dict(state["model"], strict=False)  # strict=False: frozen weights are not in the file
-    if ref_model is not None and "ref_model" in state:
-        ref_model.load_state_dict(state["ref_model"], strict=False)
-    optimizer.load_state_dict(state["optimizer"])
+    if path.is_dir():
+        _load_shards(path, model, optimizer, ref_model)
+    else:
+        model.load_state_dict(state["model"], strict=False)  # strict=False: frozen weights are not in the file
+        if ref_model is not None and "ref_model" in state:
+            ref_model.load_state_dict(state["ref_model"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     mine = state["processes"][rank]
     sampler.load_state_dict(mine["sampler"])
@@ -176,6 +245,20 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sam
             func.rng.setstate(rng_state)
     set_rng_states(mine["rng"])
     return state["step"], state["progress"]
+
+
+def _load_shards(path: Path, model, optimizer, ref_model) -> None:
+    """Each process reads its own shards of a folder checkpoint (DCP reshards if they were cut otherwise)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    shards = _sharded_state(model, optimizer, ref_model)
+    dcp.load(shards, checkpoint_id=path)
+    set_model_state_dict(model, shards["model"], options=StateDictOptions(strict=False))  # frozen: not in it
+    set_optimizer_state_dict(model, optimizer, shards["optimizer"])
+    if ref_model is not None:
+        set_model_state_dict(ref_model, shards["ref_model"])
 
 
 def truncate_metrics(metrics_path: str | os.PathLike, last_step: int, copy_to: str | os.PathLike | None = None) -> None:
@@ -215,7 +298,7 @@ def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
             for name in ("metrics.jsonl", "completions.jsonl"):
                 truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
         return start_step, run_state
-    if any((out / "checkpoints").glob("step-*.pt")):
+    if _checkpoints(out / "checkpoints"):
         raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
                               f"--resume {out}, or choose another --out")
     return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1

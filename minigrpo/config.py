@@ -49,6 +49,10 @@ class Config:
     # each group's prompt through the model once in the training pass, its G completions on its keys and values
     # (logprobs.py): the same numbers for less compute and memory; false: every row runs its prompt (the reference)
     shared_prefix: bool = True
+    # several processes (accelerate launch / torchrun): "" = DistributedDataParallel, each holds the whole model;
+    # "full_shard" = FSDP2, parameters, gradients and optimizer state sharded over the processes (distributed.py)
+    fsdp: str = ""
+    fsdp_config: dict | None = None  # with fsdp: cpu_offload, activation_checkpointing, reshard_after_forward (bools)
     # --- model: LoRA and 4-bit quantization (TRL's ModelConfig names) ---
     dtype: str = "float32"  # weights' dtype at load; with load_in_4bit, the compute dtype of the 4-bit layers
     use_peft: bool = False  # train a LoRA adapter instead of all weights (peft)
@@ -244,7 +248,8 @@ class Config:
             )
 
     def _validate_model(self) -> None:
-        """LoRA, 4-bit weights and vLLM, and what they allow together."""
+        """LoRA, 4-bit weights, vLLM and sharding, and what they allow together."""
+        self._validate_fsdp()
         if self.load_in_4bit and not self.use_peft:
             raise ConfigError("load_in_4bit: 4-bit weights cannot be trained directly; add use_peft (QLoRA)")
         if self.lora_r < 1:
@@ -255,6 +260,25 @@ class Config:
         if low is not None and high is not None and not low < high:
             raise ConfigError(f"vllm_importance_sampling_clip_min: {low} must be below vllm_importance_sampling_clip_max "
                               f"({high})")
+
+    def _validate_fsdp(self) -> None:
+        from .distributed import FSDP_OPTIONS
+
+        if self.fsdp not in ("", "full_shard"):
+            raise ConfigError(f"fsdp: {self.fsdp!r} is not one of '' (DistributedDataParallel), full_shard (FSDP2)")
+        if self.fsdp_config and not self.fsdp:
+            raise ConfigError("fsdp_config: set fsdp full_shard too (without it there is nothing to shard)")
+        for key, value in (self.fsdp_config or {}).items():
+            if key not in FSDP_OPTIONS:
+                raise ConfigError(f"fsdp_config: {key!r} is not one of {', '.join(FSDP_OPTIONS)}")
+            if not isinstance(value, bool):
+                raise ConfigError(f"fsdp_config: {key} must be true or false, got {value!r}")
+        if self.fsdp and self.use_vllm:
+            raise ConfigError("fsdp: not with use_vllm (its engine would need the whole weights gathered at each sync); "
+                              "use fsdp with the policy's own sampling, or vLLM with DistributedDataParallel (fsdp '')")
+        if self.fsdp and self.load_in_4bit:
+            raise ConfigError("fsdp: not with load_in_4bit (bitsandbytes' 4-bit weights cannot be sharded by FSDP2); "
+                              "shard LoRA on a bfloat16 base (dtype bfloat16), or run QLoRA without fsdp")
 
     def _validate_variants(self) -> None:
         """The options that change which tokens learn, the estimators' settings, GFPO and the reference refresh."""

@@ -1,11 +1,13 @@
-"""Data-parallel training over several processes: the few collectives the trainer needs, with plain
-torch.distributed.
+"""Data-parallel training over several processes, on torch's own engines: DistributedDataParallel (every process
+holds the whole model) or FSDP2 (`fsdp="full_shard"`: parameters, gradients and optimizer state sharded).
 
     accelerate launch --multi_gpu --num_processes 2 -m minigrpo train ...     (or: torchrun --nproc-per-node 2 -m minigrpo train ...)
+    ... train --fsdp full_shard                                                 (the same, sharded)
 
 Both launchers start the same command once per process and set WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT; `setup()` reads them (a plain `python -m minigrpo train` is world size 1, and nothing here does
-anything). On CPU the processes talk over gloo, on GPUs over NCCL, one GPU per process.
+anything: the trainer calls the bare model, as it always has). On CPU the processes talk over gloo, on GPUs over
+NCCL, one GPU per process.
 
 How a GRPO step is split, and why its statistics stay exact:
 
@@ -13,25 +15,64 @@ How a GRPO step is split, and why its statistics stay exact:
     rank r            prompts [r P/W, (r+1) P/W) of the same seeded prompt stream, all G completions of each
                       -> a group never straddles two processes, so mean/std of its rewards need no communication
     gradients         each rank's loss is normalised so that the *average* of the ranks' gradients is the
-                      gradient of the global-batch loss (see `trainer.py`: dapo/cispo/bnpo divide by the global
-                      token count), then averaged with one all-reduce per optimizer step -> every rank holds the
-                      same weights after every step, as DistributedDataParallel guarantees
-    metrics           gathered to rank 0, which alone evaluates, logs, checkpoints and saves
+                      gradient of the global-batch loss (trainer.py: dapo/cispo/bnpo divide by the global token
+                      count / W); DDP all-reduces and divides by W in backward, FSDP2 reduce-scatters and divides
+                      by W -> every rank takes the same optimizer step, on its whole copy or on its shard
+    metrics           gathered to rank 0, which alone evaluates, logs and saves
 
-This is DistributedDataParallel's arithmetic without its wrapper: DDP overlaps the same all-reduce with the
-backward pass, in buckets. The wrapper is left out so the trainer calls the model directly (generation,
-evaluation and saving all need the bare model). Sharded training (FSDP, DeepSpeed ZeRO) is not supported:
-every process holds a whole copy of the model, gradients and optimizer state.
+The engines (`wrap`). Both need the loss's forward to be *their* module's forward: DDP registers its gradient
+hooks there, FSDP2 all-gathers a module's parameters in its pre-forward hook and frees them after. The policy's
+log-probs are not one `model(...)` call (logprobs.py runs the decoder, then the output head in blocks, reading
+`head.weight` itself), so `LogprobForward` makes `completion_logprobs` a module's forward and the engine wraps that.
+    DDP     DistributedDataParallel(LogprobForward(model)); gradient accumulation's micro-batches but the last run
+            under `no_sync` (one all-reduce per optimizer step, as before).
+    FSDP2   fully_shard on each decoder block, then on LogprobForward (the root: embeddings, final norm, head), so
+            the head's weight is whole while the log-probs are computed. Each process must make the same
+            collectives in the same order, and FSDP2 all-gathers a block at each of its calls: so the log-probs
+            take one decoder call per forward (`one_pass`), not logprobs.py's length groups, whose number differs
+            from process to process. Mixed precision through MixedPrecisionPolicy (bf16: bfloat16 compute,
+            float32 reduction); `fsdp_config`: cpu_offload, activation_checkpointing, reshard_after_forward.
+            The reference (beta > 0): a full copy sharded the same way, or, with LoRA, the sharded policy with
+            its adapter switched off. Not sharded (config.py refuses them in one line): vLLM's engine (it
+            would need the whole weights gathered at each sync) and 4-bit bitsandbytes weights; PPO's critic
+            (ppo_trainer.py runs in one process).
+Everything else calls the bare model, which the engines leave in place: sampling, evaluation and saving. Under
+FSDP2 sampling runs inside `full_weights`: each process gathers the whole model once (one all-gather per
+block), samples alone (the decode loop calls the layers directly, at its own number of steps), and frees it.
+So sampling needs the whole parameters on each GPU for its duration; gradients and AdamW's moments, most of the
+memory in full fine-tuning, stay sharded. The final model is gathered to rank 0 (`full_state_dict`) and saved as
+one ordinary Hugging Face folder; checkpoints are written sharded, by every process (checkpoint.py).
+
+What stays hand-written, and why — the three places where the global batch is more than the sum of its shares:
+    all_reduce_sum     the global count of loss tokens that token-sum losses (dapo, cispo, bnpo, ...) divide by:
+                       the engines average gradients, they do not know a loss's normaliser
+    gather_objects     rewards, for batch-level scaling (scale_rewards="batch") and for logging; each step's
+                       statistics, so that rank 0 logs the global batch's metrics
+    broadcast_object   rank 0's summary, returned by every process
+No gradient is reduced here.
 """
 
+import contextlib
 import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["setup", "cleanup", "launched_processes", "world_size", "rank", "is_main", "all_reduce_sum", "average_gradients",
-           "gather_objects", "broadcast_object"]
+from .config import ConfigError
+from .logprobs import completion_logprobs as _completion_logprobs
+
+__all__ = ["setup", "cleanup", "launched_processes", "world_size", "rank", "is_main", "all_reduce_sum",
+           "gather_objects", "broadcast_object", "LogprobForward", "wrap", "completion_logprobs", "no_sync",
+           "full_weights", "clip_grad_norm", "full_state_dict", "is_sharded", "local_numel", "FSDP_OPTIONS"]
+
+# fsdp_config's keys (TRL / accelerate's names) and what each does here.
+FSDP_OPTIONS = {
+    "cpu_offload": "sharded parameters, gradients and optimizer state live in CPU memory (FSDP2 CPUOffloadPolicy)",
+    "activation_checkpointing": "recompute each block's activations in backward (= gradient_checkpointing)",
+    "reshard_after_forward": "free a block's gathered parameters after its forward (default true; false: keep "
+                             "them until backward, less communication, more memory)",
+}
 
 
 def setup(device: torch.device) -> torch.device:
@@ -82,27 +123,6 @@ def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def average_gradients(parameters) -> None:
-    """p.grad <- mean over processes of p.grad, for every trainable parameter, in one all-reduce.
-
-    Gradients are flattened into one buffer so the whole model costs one collective, as DDP's buckets do.
-    A parameter without a gradient on this rank (unused in its forward) contributes zeros.
-    """
-    W = world_size()
-    if W == 1:
-        return
-    params = [p for p in parameters if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])  # (sum of numel,)
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat /= W
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
-        offset += n
-
-
 def gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every process (pickled: for small things, e.g. metrics)."""
     if world_size() == 1:
@@ -119,3 +139,164 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engines
+# ---------------------------------------------------------------------------------------------------------
+class LogprobForward(torch.nn.Module):
+    """logprobs.completion_logprobs(model, ...) as this module's forward, for DDP and FSDP2 to wrap.
+
+    one_pass: one decoder call per forward (FSDP2: the same collectives on every process; see the docstring)."""
+
+    def __init__(self, model, one_pass: bool = False):
+        super().__init__()
+        self.model, self.one_pass = model, one_pass
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, **kwargs):
+        if self.one_pass:
+            kwargs["one_pass"] = True
+        return _completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask, **kwargs)
+
+
+class AdapterOffForward:
+    """A LoRA run's reference under FSDP2: the sharded policy's forward with its adapter switched off."""
+
+    def __init__(self, policy, peft_model):
+        self.policy, self.peft_model = policy, peft_model
+
+    def __call__(self, *args, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.policy(*args, **kwargs)
+
+
+def wrap(model, ref_model=None, *, fsdp: str = "", fsdp_config: dict | None = None, bf16: bool = False):
+    """(policy, reference): what the loss's log-probs are computed with, for this run's W processes.
+
+    W = 1: (model, ref_model) themselves. fsdp "": DistributedDataParallel around the policy; the reference (no
+    gradient) stays as it is. fsdp "full_shard": the policy sharded with FSDP2, and the reference too (a full
+    copy sharded the same way, or, with LoRA, the sharded policy with its adapter switched off).
+    model and ref_model stay the bare models the rest of the trainer calls; FSDP2 shards their parameters in place,
+    so build the optimizer from model.parameters() after this call.
+    """
+    if world_size() == 1:
+        return model, ref_model
+    if not fsdp:
+        device = next(model.parameters()).device
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            LogprobForward(model), device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False)  # buffers (rotary tables) are equal everywhere and never trained
+        return ddp, ref_model
+    from .models import AdapterDisabled
+
+    options = fsdp_config or {}
+    policy = _shard(model, options, bf16)
+    if isinstance(ref_model, AdapterDisabled):
+        return policy, AdapterOffForward(policy, ref_model.peft_model)
+    return policy, None if ref_model is None else _shard(ref_model, options, bf16)
+
+
+def _shard(model, options: dict, bf16: bool) -> "LogprobForward":
+    """fully_shard on each decoder block (the classes the model names in _no_split_modules), then on
+    LogprobForward(model), the root that holds the rest; returns the root, initialised."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    device = next(model.parameters()).device
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    block_names = set(getattr(base, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not blocks:
+        raise ConfigError(f"fsdp: {type(base).__name__} names no decoder block class (_no_split_modules) to shard by")
+    kwargs = dict(mesh=init_device_mesh(device.type, (world_size(),)),
+                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+                  else MixedPrecisionPolicy(),
+                  offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda") if options.get("cpu_offload")
+                  else OffloadPolicy())
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=options.get("reshard_after_forward", True), **kwargs)
+    root = fully_shard(LogprobForward(model, one_pass=True), **kwargs)
+    root.blocks_reshard_after_forward = options.get("reshard_after_forward", True)  # restored by full_weights
+    # FSDP2 makes the first module to run forward the root. Evaluation and sampling call the blocks before any
+    # forward of the root: name it now.
+    root._get_fsdp_state()._lazy_init()
+    return root
+
+
+def is_sharded(policy) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(policy, FSDPModule)
+
+
+def completion_logprobs(model, *ids, **kwargs):
+    """logprobs.completion_logprobs, through the engine's forward when `model` is one of `wrap`'s policies.
+
+    FSDP2 keeps the root's parameters gathered from its forward until the backward that follows; a forward without
+    gradient (old and reference log-probs) has none, so it is reset here: resharded, and forgotten."""
+    if not isinstance(model, (LogprobForward, AdapterOffForward, torch.nn.parallel.DistributedDataParallel)):
+        return _completion_logprobs(model, *ids, **kwargs)
+    out = model(*ids, **kwargs)
+    root = model.policy if isinstance(model, AdapterOffForward) else model
+    if is_sharded(root) and not torch.is_grad_enabled():
+        root.reset_iter_state()
+    return out
+
+
+def no_sync(policy, last_micro_batch: bool):
+    """DDP: skip the all-reduce on every micro-batch but the last (their gradients add up locally first).
+    FSDP2 reduce-scatters each micro-batch's gradient into the sharded one (less memory); others: nothing."""
+    if isinstance(policy, torch.nn.parallel.DistributedDataParallel) and not last_micro_batch:
+        return policy.no_sync()
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def full_weights(*policies):
+    """Inside: every FSDP2-sharded policy holds its whole parameters on every process, so the bare model runs
+    alone on each (sampling, evaluation) with no collectives; after: sharded again. Every process must enter
+    (the gathering is collective); any may then compute alone. Not sharded: nothing happens."""
+    sharded = [p for p in policies if is_sharded(p)]
+    for policy in sharded:
+        policy.set_reshard_after_forward(False)  # a block's forward must not free what was gathered here
+        policy.unshard()  # the root's group (embeddings, norm, head) ...
+        for module in policy.modules():
+            if is_sharded(module) and module is not policy:
+                module.unshard()  # ... and each block's
+    try:
+        yield
+    finally:
+        for policy in sharded:
+            # Frees the gathered parameters and forgets the forwards just run (FSDP2 orders its backward
+            # prefetches by them, and each process ran its own number).
+            policy.reset_iter_state()
+            policy.set_reshard_after_forward(policy.blocks_reshard_after_forward)
+            policy.set_reshard_after_forward(False, recurse=False)  # the root never frees before backward
+
+
+def clip_grad_norm(parameters, max_norm: float) -> float:
+    """torch's clip_grad_norm_ (the norm of the global gradient, sharded or not) as a float."""
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, the same on every process
+        norm = norm.full_tensor()
+    return norm.item()
+
+
+def full_state_dict(model) -> dict | None:
+    """The whole model's state dict on rank 0 (on the CPU), None elsewhere; every process must call it.
+    A tied parameter (the head sharing the embeddings) appears once, under its first name, as save_pretrained
+    writes it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    seen, tied = set(), []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.append(name)
+        seen.add(id(param))
+    return {k: v for k, v in state.items() if k not in tied} if is_main() else None
+
+
+def local_numel(tensors) -> int:
+    """Elements this process holds: a sharded tensor's local shard, a plain tensor's all."""
+    return sum(t.to_local().numel() if hasattr(t, "to_local") else t.numel() for t in tensors)

@@ -104,6 +104,7 @@ def completion_logprobs(
     block_tokens: int | None = None,
     entropy_grad: bool = False,
     share_prompts: bool = True,
+    one_pass: bool = False,
     top_k: int = 0,
     top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -114,7 +115,8 @@ def completion_logprobs(
     trim_padding=False is the plain path. block_tokens: tokens per block of the head (default: BLOCK_ELEMENTS /
     vocabulary). entropy_grad: the entropy with its gradient (an entropy bonus, entropy_coef), which only the
     plain path has: full logits, so the memory the head saves is spent. share_prompts=False: each row runs its own
-    prompt (the same numbers, G times the prompt's compute; see the module docstring, 3).
+    prompt (the same numbers, G times the prompt's compute; see the module docstring, 3). one_pass: the whole batch
+    in one call of the decoder, untrimmed (sharded training makes the same calls on every process: distributed.py).
     top_k, top_p: the sampler's truncation; the log-probs and entropies are those of the distribution it drew from.
     """
     decoder, head, adapter_off = _decoder_and_head(model)
@@ -124,7 +126,7 @@ def completion_logprobs(
                                          entropy_grad=entropy_grad, top_k=top_k, top_p=top_p)
     with adapter_off:
         hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, completion_ids,
-                                          completion_mask, share_prompts=share_prompts)  # (B, T, H)
+                                          completion_mask, share_prompts=share_prompts, one_pass=one_pass)  # (B, T, H)
         on_token = completion_mask.bool()  # only real tokens go through the head
         if block_tokens is None:
             block_tokens = max(1, BLOCK_ELEMENTS // head.out_features)
@@ -140,11 +142,14 @@ def completion_logprobs(
 
 
 def completion_hidden_states(decoder, config, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
-                             share_prompts: bool = True):
+                             share_prompts: bool = True, one_pass: bool = False):
     """The final hidden state that predicts each completion token, (B, T, H): position P + t - 1 for token t (the
     prompt's last position for token 0). The decoder is the model without its head (the final norm included).
     Rows run in length groups, each trimmed to its own longest prompt and completion; pad positions are 0.
     share_prompts: each distinct prompt runs once, its completions on top of its keys and values."""
+    if one_pass:  # one decoder call, whatever the lengths (distributed.py: FSDP gathers a block at each call)
+        hidden = _completion_hidden_one_pass(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return hidden * completion_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, H), pad positions 0
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
     share_prompts = share_prompts and can_share_prompts(decoder, config)
     with _cache_through_checkpoints(decoder) if share_prompts else contextlib.nullcontext():

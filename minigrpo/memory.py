@@ -49,6 +49,8 @@ QWEN2_5 = {  # from the published config.json files of Qwen/Qwen2.5-0.5B and Qwe
                          num_key_value_heads=2),
 }
 QWEN2_5["qwen2.5-0.5b-2l"] = {**QWEN2_5["qwen2.5-0.5b"], "num_hidden_layers": 2}
+QWEN2_5["qwen2.5-7b"] = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                             num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)  # Qwen/Qwen2.5-7B
 QWEN3 = {  # from the published config.json of Qwen/Qwen3-0.6B
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
@@ -57,6 +59,7 @@ SHAPES = ("tiny", *QWEN2_5, *QWEN3)
 HUB_SHAPES = {  # hub names the recipes use -> their shape, so `--recipe` needs no download
     "Qwen/Qwen2.5-0.5B-Instruct": "qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B": "qwen2.5-0.5b",
     "Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen/Qwen3-0.6B": "qwen3-0.6b",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b", "Qwen/Qwen2.5-7B": "qwen2.5-7b",
 }
 SETUPS = {
     "grpo-full": "GRPO full fine-tune",
@@ -74,8 +77,8 @@ def qwen_config(shape: str):
     if shape not in QWEN2_5 and shape not in QWEN3:
         raise ValueError(f"shape: {shape!r} is not one of {', '.join([*QWEN2_5, *QWEN3])}")
     config_class, sizes = (Qwen2Config, QWEN2_5[shape]) if shape in QWEN2_5 else (Qwen3Config, QWEN3[shape])
-    return config_class(vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
-                        rope_theta=1e6, rms_norm_eps=1e-6, **sizes)
+    return config_class(**{"vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+                           "rope_theta": 1e6, "rms_norm_eps": 1e-6, **sizes})
 
 
 def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
@@ -437,8 +440,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="a run's YAML config (e.g. recipes/*.yaml): print its memory floor, computed, not measured")
     p.add_argument("--gpu-gib", type=float, default=None,
                    help="with --recipe: the GPU's memory, to split between vLLM's share and the trainer's")
+    p.add_argument("--num-processes", type=int, default=1,
+                   help="with --recipe: each GPU's share when this many processes train it (DDP, or --fsdp)")
+    p.add_argument("--fsdp", action="store_true", help="with --num-processes: sharded with FSDP2 (fsdp: full_shard)")
+    p.add_argument("--measure-fsdp", action="store_true",
+                   help="measure 1 process against 2 sharded (FSDP2) on the CPU at --shape (default qwen2.5-0.5b-2l)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.measure_fsdp or (args.recipe and (args.num_processes > 1 or args.fsdp)):  # memory_sharded.py
+        from .memory_sharded import main as sharded_main, print_recipe_shares
+
+        if args.measure_fsdp:
+            return sharded_main(["--shape", (args.shape or ["qwen2.5-0.5b-2l"])[0]])
+        return print_recipe_shares(args.recipe, args.num_processes, args.fsdp)
     if args.recipe:
         from .config import load_config
 

@@ -221,7 +221,7 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
     elif cfg.use_peft:
         model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                          target_modules=cfg.lora_target_modules)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing or (cfg.fsdp_config or {}).get("activation_checkpointing"):  # the same thing
         enable_gradient_checkpointing(model)
     return model, load_tokenizer(name_or_path)
 
@@ -280,7 +280,8 @@ def parameter_counts(model) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters() if p.requires_grad), total
 
 
-def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_path=None, dtype: str = "float32"):
+def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_path=None, dtype: str = "float32",
+                state_dict: dict | None = None):
     """Save what was trained, loadable with `from_pretrained`; returns the directories written.
 
     Full fine-tuning: `out_dir` holds the model (save_pretrained format) and the tokenizer.
@@ -290,9 +291,10 @@ def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_pa
     `base_name_or_path` in `dtype`, never on the trained model: for QLoRA that base is the float original, not
     its 4-bit copy (a 4-bit weight cannot hold W + BA exactly), so the merged model's outputs differ from the
     4-bit policy's by the quantization error of W — they equal a float base with the adapter on top.
+    state_dict: the weights to write instead of the model's own (a sharded model's, gathered whole).
     """
     out_dir = Path(out_dir)
-    model.save_pretrained(out_dir)
+    model.save_pretrained(out_dir, **({} if state_dict is None else {"state_dict": state_dict}))
     tokenizer.save_pretrained(out_dir)
     if not is_lora(model):
         return [out_dir]

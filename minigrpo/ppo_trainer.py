@@ -134,6 +134,9 @@ def _check(cfg: Config, ppo: PPOConfig) -> None:
                    "top_p": 1.0, "top_k": 0}  # a truncated sampler's log-probs: the GRPO family's (truncation.py)
     if distributed.launched_processes() > 1:
         raise ConfigError("train_ppo: one process only (several processes: minigrpo train, the GRPO family)")
+    if cfg.fsdp:  # the critic (ppo_critic.ValueModel, a second decoder) is neither wrapped nor sharded
+        raise ConfigError("fsdp: not supported by train_ppo (one process, critic unsharded); shard GRPO-family runs "
+                          "with minigrpo train --fsdp full_shard")
     for key, default in unsupported.items():
         if getattr(cfg, key) != default:
             raise ConfigError(f"{key}: not supported by train_ppo (PPO's KL coefficient is PPOConfig.kl_coef)"

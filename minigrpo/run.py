@@ -104,15 +104,18 @@ def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer,
 
 
 def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: dict, after: dict,
-               num_test_problems: int, wall_seconds: float, device, plot_extra=None, **extra) -> dict:
+               num_test_problems: int, wall_seconds: float, device, plot_extra=None, state_dict=None,
+               **extra) -> dict:
     """After the last step (main process): save the policy, write summary.json and the plots; returns the summary.
 
     Peak memory is read before saving: merging a LoRA adapter reloads the base model. extra: what one trainer
-    adds to the summary; plot_extra(run_dirs, plots_dir): its own plots."""
+    adds to the summary; plot_extra(run_dirs, plots_dir): its own plots. state_dict: the whole model's, gathered
+    from its shards (FSDP2, distributed.full_state_dict), saved instead of the model's own."""
     peak_memory = peak_memory_bytes(device)
     params = parameter_counts(model)
     if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/
-        save_policy(model, tokenizer, out / "model", base_name_or_path=policy_path(cfg, task), dtype=cfg.dtype)
+        save_policy(model, tokenizer, out / "model", base_name_or_path=policy_path(cfg, task), dtype=cfg.dtype,
+                    state_dict=state_dict)
     summary = run_summary(cfg, task, policy_path(cfg, task), before=before, after=after,
                           num_test_problems=num_test_problems, wall_seconds=wall_seconds, device=device,
                           quantized=is_quantized(model), params=params, peak_memory_bytes=peak_memory, **extra)

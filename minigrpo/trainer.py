@@ -12,7 +12,8 @@
 
 What this loop simplifies, on purpose:
   * One device per process; several processes (`accelerate launch` / `torchrun`) split each batch by whole
-    groups and average their gradients (distributed.py).
+    groups and average their gradients with DistributedDataParallel, or shard the model with FSDP2 (`fsdp`;
+    distributed.py).
   * Generation with the policy itself (rollout.py's decode loop, via engines.py), or with a colocated vLLM
     engine (`use_vllm`, rollout_vllm.py, tested on the CPU) whose weights are synced after each batch's updates;
     its log-probs differ a little from the trainer's: logged, and corrected as TRL does (engine_mismatch.py).
@@ -30,6 +31,7 @@ What this loop simplifies, on purpose:
 
 import contextlib
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -42,10 +44,10 @@ from . import distributed
 from .batch import Batch, PromptSampler, collect_batch
 from .checkpoint import process_state, save_checkpoint, start_or_resume
 from .config import Config, ConfigError
+from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
 from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import make_engine
 from .isolation import take_failed_count
-from .logprobs import completion_logprobs
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import load_policy, reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
@@ -81,6 +83,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs)
     ref_model = reference_policy(model) if cfg.beta > 0 else None
+    # What the loss's log-probs run through: model and ref_model themselves (one process), else DDP's or FSDP2's
+    # forward (distributed.py). FSDP2 shards model and ref_model in place; the rest of the loop calls them bare.
+    policy, ref_policy = distributed.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config, bf16=cfg.bf16)
     tools = tool_setup(cfg, task, tools, model, tokenizer, environment_factory)  # None: single-turn completions
     if tools is not None and tools.environments is not None and tools.environments.has_reward:
         reward_funcs, weights = reward_funcs + [tools.environments.reward_func()], weights + [1.0]
@@ -100,23 +105,26 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     take_failed_count()  # verifier failures are counted from this run's first step
-    if main and run_state["before"] is None:
-        run_state["before"] = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
+    if run_state["before"] is None:
+        with distributed.full_weights(policy):  # FSDP2: every process gathers the weights, rank 0 evaluates
+            if main:
+                run_state["before"] = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
 
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and main), dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (batch.py).
-        with autocast():
+        # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
+        with autocast(), distributed.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools)
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
-        inputs, sampling_stats = prepare_update(cfg, batch.to(device), model, ref_model, autocast)
+        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, autocast)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
-        model.train()
-        step_stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=max_len, autocast=autocast,
+        policy.train()
+        step_stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=max_len, autocast=autocast,
                                  step=step)
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
@@ -134,29 +142,38 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
             row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
+        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+            with distributed.full_weights(policy):
+                if main:
+                    row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         if main:
-            if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-                row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
             log.log(step, row, batch, gathered["correct"].tolist())  # rank 0's rows come first in gathered
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
         if cfg.save_steps and step % cfg.save_steps == 0:
             states = distributed.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
-            if main:
+            sharded = distributed.is_sharded(policy)  # FSDP2: every process writes its own shards
+            if main or sharded:
                 save_checkpoint(out / "checkpoints", step, model=model, optimizer=optimizer, scheduler=scheduler,
                                 sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
-                                keep=cfg.save_total_limit, process_states=states, ref_model=moving_ref)
+                                keep=cfg.save_total_limit, process_states=states, ref_model=moving_ref,
+                                sharded=sharded)
     log.close()
     if tools is not None:
         tools.worker.close()
 
-    summary = None
+    summary = after = None
+    with distributed.full_weights(policy):
+        if main:
+            after = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
+    # FSDP2: the whole model gathered to rank 0, which saves it as one ordinary folder
+    full_state = distributed.full_state_dict(model) if distributed.is_sharded(policy) and cfg.save_model else None
     if main:  # rank 0 evaluates, saves and writes; every rank returns its summary
-        summary = finish_run(cfg, task, model, tokenizer, out, before=run_state["before"],
-                             after=evaluate_on(test_rows, num_samples=cfg.eval_num_samples),
+        summary = finish_run(cfg, task, model, tokenizer, out, before=run_state["before"], after=after,
                              num_test_problems=len(test_rows), wall_seconds=run_state["wall_seconds"], device=device,
-                             resumed_from_step=start_step if cfg.resume_from_checkpoint else None)
+                             state_dict=full_state, resumed_from_step=start_step if cfg.resume_from_checkpoint else None)
     summary = distributed.broadcast_object(summary)
+    del policy, ref_policy  # DDP's reducer must go before its process group does
     distributed.cleanup()
     return summary
 
@@ -210,17 +227,18 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
             # Micro-batches of whole groups where they can be (rows i*G .. i*G+G-1 share a prompt, so sorted rows
             # keep groups together): each holds few distinct prompts, which the shared prefix runs once each.
             micro_batches = mb.sort().values if cfg.gradient_accumulation_steps > 1 else mb
-            for micro in micro_batches.split(len(mb) // cfg.gradient_accumulation_steps):
-                loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
-                                               num_items_in_batch=num_tokens / cfg.steps_per_generation / W)
+            for i, micro in enumerate(micro_batches.split(len(mb) // cfg.gradient_accumulation_steps)):
+                with distributed.no_sync(model, last_micro_batch=i == cfg.gradient_accumulation_steps - 1):  # DDP
+                    loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
+                                                   num_items_in_batch=num_tokens / cfg.steps_per_generation / W)
                 if cfg.gradient_accumulation_steps > 1 or (micro_batch_share(cfg.loss_type) == "tokens" and W > 1):
                     loss = loss * loss_share(cfg.loss_type, loss_mask, micro, mb)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
                 loss.backward()
                 micro_stats.append({**stats, "loss": loss.item()})
-            distributed.average_gradients(model.parameters())  # W > 1: the global batch's gradient, on every rank
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+            # W > 1: DDP / FSDP2 averaged the gradients in backward: the global batch's gradient, on every rank
+            grad_norm = distributed.clip_grad_norm(model.parameters(), cfg.max_grad_norm)
             if not math.isfinite(grad_norm):  # a finite loss can still have an inf/nan gradient
                 raise FloatingPointError(f"step {step}: the gradient norm is {grad_norm} — stopping before the weights are")
             optimizer.step()
@@ -306,6 +324,18 @@ def check_processes(cfg: Config) -> None:
     if (cfg.generation_batch_size // cfg.num_generations) % W:
         raise ConfigError(f"generation_batch_size: {cfg.generation_batch_size // cfg.num_generations} prompts per "
                           f"step cannot be split into whole groups over {W} processes")
+    completions = cfg.generation_batch_size // cfg.num_generations * cfg.group_size // W  # what each process trains on
+    if W > 1 and completions % cfg.steps_per_generation:
+        raise ConfigError(f"steps_per_generation: {cfg.steps_per_generation} does not divide the {completions} "
+                          f"completions of each of {W} processes")
+    if W > 1 and completions // cfg.steps_per_generation % cfg.gradient_accumulation_steps:
+        raise ConfigError(f"gradient_accumulation_steps: {cfg.gradient_accumulation_steps} does not divide the "
+                          f"{completions // cfg.steps_per_generation} completions of each process's mini-batch over "
+                          f"{W} processes")
+    accelerate_engine = [name for name in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{name}") == "true"]
+    if accelerate_engine and not (accelerate_engine == ["FSDP"] and cfg.fsdp):  # accelerate's own: not read here
+        raise ConfigError(f"fsdp: accelerate launch's --use_{accelerate_engine[0].lower()} configures accelerate's "
+                          "engine, which minigrpo does not use; drop it and pass --fsdp full_shard to minigrpo train")
     if cfg.dynamic_sampling and W > 1:
         raise ConfigError("dynamic_sampling: not supported with several processes (each would refill its share "
                           "to a different size); run it in one process")

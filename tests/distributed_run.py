@@ -1,17 +1,27 @@
 """A short training run for tests/test_distributed.py, the same under `accelerate launch` with W processes and
-under plain `python` (W = 1): `python tests/distributed_run.py OUT_DIR LOSS_TYPE`.
+under plain `python` (W = 1): `python tests/distributed_run.py OUT_DIR LOSS_TYPE [KEY=VALUE ...]` (more Config
+settings, e.g. fsdp=full_shard use_peft=true).
 
 Sampling would make the runs differ (W processes draw from W random generators), so the completions here are
 scripted: fixed by the prompt and the place in its group, of different lengths (so the token-count
 normalisers matter), the same under any number of processes. Everything after sampling — rewards,
 advantages, log-probs, loss, gradients, the optimizer — is the real trainer, and W processes must reproduce
 the one-process run's metrics and weights.
+
+Each process also writes OUT_DIR/shard-RANK.json: how many parameter and optimizer-state elements it holds
+(a sharded tensor counts its local shard only), measured on the optimizer the run trained with, and how many
+times the output head ran in blocks (logprobs.head_logprobs) rather than as full logits.
 """
 
+import json
+import os
 import sys
+from pathlib import Path
 
+import minigrpo.logprobs
 import minigrpo.trainer
-from minigrpo.config import Config
+from minigrpo import distributed
+from minigrpo.config import load_config
 from minigrpo.rollout import rollout_from_ids
 
 
@@ -38,9 +48,26 @@ def place_and_length(prompts, completions, completion_ids, **row):
     return [(i % 4) / 3 + 0.05 * len(ids) for i, ids in enumerate(completion_ids)]
 
 
+def held_elements(optimizer) -> dict:
+    """Elements of the trained parameters and of AdamW's moments this process holds (its shards, when sharded)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    moments = [state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
+    return {"params": distributed.local_numel(params), "optimizer_state": distributed.local_numel(moments)}
+
+
 if __name__ == "__main__":
     out, loss_type = sys.argv[1], sys.argv[2]
+    extra = dict(arg.split("=", 1) for arg in sys.argv[3:])
     minigrpo.trainer.make_engine = lambda cfg, model, tokenizer, *args: ScriptedEngine(tokenizer)
-    cfg = Config(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4, generation_batch_size=16,
-                 learning_rate=1e-3, eval_steps=0, eval_limit=8, eval_num_samples=1, save_model=True)
+    made = []  # the run's (optimizer, scheduler), kept to count what this process holds at the end
+    head_calls = []
+    head_logprobs = minigrpo.logprobs.head_logprobs
+    minigrpo.logprobs.head_logprobs = lambda *args, **kwargs: head_calls.append(1) or head_logprobs(*args, **kwargs)
+    make_optimizer = minigrpo.trainer.make_optimizer
+    minigrpo.trainer.make_optimizer = lambda *args: made.append(make_optimizer(*args)) or made[-1]
+    cfg = load_config(None, dict(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4,
+                                 generation_batch_size=16, learning_rate=1e-3, eval_steps=0, eval_limit=8,
+                                 eval_num_samples=1, save_model=True, **extra))
     minigrpo.trainer.train(cfg, reward_funcs=[place_and_length], progress=False)
+    held = {**held_elements(made[0][0]), "head_calls": len(head_calls)}
+    (Path(out) / f"shard-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(held))

@@ -8,6 +8,7 @@ aside) for equality, so any missing piece makes them fail.
 
 import io
 import json
+import os
 import random
 import signal
 import subprocess
@@ -50,37 +51,95 @@ def steps_on_disk(run: Path) -> tuple[int, int]:
     return newest, lines[-1]["step"]
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, random_model_dir, one_thread):
-    killed, log = tmp_path / "killed", tmp_path / "killed.log"
-    # 1. Start a run in its own process; SIGKILL it (no cleanup, no atexit) as soon as a checkpoint exists.
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (Linux /proc): torchrun starts each worker in a session of its own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def start_and_kill(command: list[str], killed: Path, env: dict) -> int:
+    """Start `command` (a run writing to `killed`); SIGKILL it and every process it started (no cleanup, no atexit)
+    as soon as a checkpoint exists. Returns the step of the newest checkpoint the crash left."""
+    log = killed.with_name(killed.name + ".log")
     with open(log, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "minigrpo", "train", *flags(random_model_dir, killed)],
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
-                                env=one_thread)
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
         hang_guard = time.monotonic() + 600  # not a timing assertion: only stops a broken run from hanging CI
-        while proc.poll() is None and not list((killed / "checkpoints").glob("step-*.pt")):
+        while proc.poll() is None and not list((killed / "checkpoints").glob("step-*")):  # whole ones only
             assert time.monotonic() < hang_guard, "no checkpoint appeared"
             time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
+        tree = process_tree(proc.pid)
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
         returncode = proc.wait()
+        while any(running(pid) for pid in tree[1:]):  # the workers are gone before anything reads their files
+            time.sleep(0.02)
     assert returncode == -signal.SIGKILL, f"the run ended before it could be killed:\n{log.read_text()[-2000:]}"
     assert not (killed / "summary.json").exists()
     checkpoint_step, metrics_step = steps_on_disk(killed)
     assert checkpoint_step < 10 and checkpoint_step <= metrics_step <= checkpoint_step + 3
+    return checkpoint_step
+
+
+def assert_resumed_equals_whole(killed: Path, whole: Path, checkpoint_step: int) -> None:
+    resumed, uninterrupted = (json.loads((run / "summary.json").read_text()) for run in (killed, whole))
+    assert resumed["resumed_from_step"] == checkpoint_step  # only the steps after the newest checkpoint are redone
+    assert [m["step"] for m in metrics(killed)] == list(range(1, 11))  # each step once
+    assert metrics(killed) == metrics(whole)
+    # completions.jsonl too: cut back to the checkpoint's step on resume, then continued line for line
+    assert (killed / "completions.jsonl").read_text() == (whole / "completions.jsonl").read_text()
+    assert resumed["eval_before"] == uninterrupted["eval_before"] and resumed["eval_after"] == uninterrupted["eval_after"]
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, random_model_dir, one_thread):
+    # 1. Start a run in its own process; SIGKILL it as soon as a checkpoint exists.
+    killed = tmp_path / "killed"
+    checkpoint_step = start_and_kill([sys.executable, "-m", "minigrpo", "train", *flags(random_model_dir, killed)],
+                                     killed, one_thread)
 
     # 2. Resume with the same flags plus --resume; 3. the same run, never interrupted.
     assert main(["train", *flags(random_model_dir, killed), "--resume", str(killed)]) == 0
     assert main(["train", *flags(random_model_dir, tmp_path / "whole")]) == 0
 
-    resumed = json.loads((killed / "summary.json").read_text())
-    whole = json.loads((tmp_path / "whole" / "summary.json").read_text())
-    assert resumed["resumed_from_step"] == checkpoint_step  # only the steps after the newest checkpoint are redone
-    assert [m["step"] for m in metrics(killed)] == list(range(1, 11))  # each step once
-    assert metrics(killed) == metrics(tmp_path / "whole")
-    # completions.jsonl too: cut back to the checkpoint's step on resume, then continued line for line
-    assert (killed / "completions.jsonl").read_text() == (tmp_path / "whole" / "completions.jsonl").read_text()
-    assert resumed["eval_before"] == whole["eval_before"] and resumed["eval_after"] == whole["eval_after"]
+    assert_resumed_equals_whole(killed, tmp_path / "whole", checkpoint_step)
     assert [p.name for p in sorted((killed / "checkpoints").iterdir())] == ["step-000006.pt", "step-000009.pt"]
+
+
+def test_sigkill_then_resume_under_fsdp_equals_an_uninterrupted_run(tmp_path, random_model_dir, one_thread):
+    """The same crash with 2 processes sharding the model (FSDP2): each writes its shards of the weights and of the
+    optimizer state (torch.distributed.checkpoint), both are killed at once, and both resume exactly."""
+    from test_distributed import TORCHRUN, free_port
+
+    def command(out: Path, *extra: str) -> list[str]:
+        return [*TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "minigrpo", "train",
+                *flags(random_model_dir, out), "--fsdp", "full_shard", *extra]
+
+    killed = tmp_path / "killed"
+    checkpoint_step = start_and_kill(command(killed), killed, one_thread)
+    for run in (command(killed, "--resume", str(killed)), command(tmp_path / "whole")):
+        done = subprocess.run(run, cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert_resumed_equals_whole(killed, tmp_path / "whole", checkpoint_step)
+    checkpoints = sorted((killed / "checkpoints").iterdir())
+    assert [p.name for p in checkpoints] == ["step-000006", "step-000009"]  # folders of shards
+    assert sorted(p.name for p in checkpoints[-1].iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                                 "state.pt"]
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, random_model_dir, capsys, one_thread):
@@ -91,6 +150,24 @@ def test_resume_with_other_settings_is_refused(tmp_path, random_model_dir, capsy
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (above it: transformers' loading bar)
     assert err.startswith("minigrpo train: error: resume_from_checkpoint: ")
     assert "learning_rate (0.001 in the checkpoint, 0.5 now)" in err
+
+
+def test_a_checkpoint_that_predates_a_config_field_resumes_at_its_default(tmp_path, random_model_dir, capsys,
+                                                                           one_thread):
+    """A checkpoint written before a field existed has no value for it; left at its default (which keeps what earlier
+    runs computed) the run resumes, set to anything else it is another run and is refused."""
+    run = tmp_path / "run"
+    assert main(["train", *flags(random_model_dir, run, max_steps=3)]) == 0
+    checkpoint = latest_checkpoint(run)
+    state = torch.load(checkpoint, weights_only=True)
+    for key in ("top_k", "shared_prefix"):  # as if written before these fields were added
+        del state["config"][key]
+    torch.save(state, checkpoint)
+    capsys.readouterr()
+    assert main(["train", *flags(random_model_dir, run, max_steps=3, top_k=5), "--resume", str(run)]) == 2
+    assert "top_k (0 in the checkpoint, 5 now)" in capsys.readouterr().err
+    assert main(["train", *flags(random_model_dir, run, max_steps=3), "--resume", str(run)]) == 0  # accepted
+    assert [m["step"] for m in metrics(run)] == [1, 2, 3]
 
 
 def test_a_fresh_run_does_not_overwrite_a_checkpointed_one(tmp_path, random_model_dir, capsys, one_thread):

@@ -1,5 +1,6 @@
 """Multi-process training (distributed.py): 2 CPU processes over gloo, started by `accelerate launch`, must
-reproduce a one-process run with the same global batch — its metrics and its final weights."""
+reproduce a one-process run with the same global batch — its metrics and its final weights. Here the replicated
+engine (DistributedDataParallel); sharded training (FSDP2) in test_fsdp.py."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or shutil.which("accelerate")
 needs_accelerate = pytest.mark.skipif(ACCELERATE is None, reason="accelerate is not installed")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # `torchrun`, from this interpreter
 
 
 def free_port() -> int:
@@ -23,10 +25,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args: list[str], env: dict, processes: int) -> None:
-    """Run `python ARGS` once (processes=1) or under `accelerate launch` with `processes` CPU processes."""
+def launch(args: list[str], env: dict, processes: int, launcher: str = "accelerate") -> None:
+    """Run `python ARGS` once (processes=1) or with `processes` CPU processes under `accelerate launch` or
+    `torchrun` (launcher)."""
     if processes == 1:
         command = [sys.executable, *args]
+    elif launcher == "torchrun":
+        command = [*TORCHRUN, "--nproc-per-node", str(processes), "--master-port", str(free_port()), *args]
     else:
         command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
                    "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), *args]
@@ -93,6 +98,13 @@ def test_uneven_split_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setattr("minigrpo.distributed.world_size", lambda: 2)
     with pytest.raises(ConfigError, match="generation_batch_size: 3 prompts"):
         train(Config(output_dir=str(tmp_path), num_generations=4, generation_batch_size=12), progress=False)
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps: 16 does not divide the 8 completions"):
+        train(Config(output_dir=str(tmp_path), num_generations=4, generation_batch_size=16,
+                     gradient_accumulation_steps=16), progress=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # accelerate launch --use_fsdp: accelerate's FSDP, not ours
+    with pytest.raises(ConfigError, match="fsdp: accelerate launch's --use_fsdp"):
+        train(Config(output_dir=str(tmp_path), num_generations=4, generation_batch_size=16), progress=False)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         train(Config(output_dir=str(tmp_path), num_generations=4, generation_batch_size=16, dynamic_sampling=True),
               progress=False)
