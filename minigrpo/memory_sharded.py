@@ -218,8 +218,9 @@ def measure_side_by_side(shape: str = "qwen2.5-0.5b-2l", processes: int = 2, wor
         for command in ([sys.executable, *child], [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                                                    str(processes), "--master-port", str(_free_port()), *child]):
             proc = subprocess.run(command, capture_output=True, text=True, env=env)
-            found = [json.loads(line.split(RESULT_MARKER, 1)[1]) for line in proc.stdout.splitlines()
-                     if RESULT_MARKER in line]
+            # Each process prints one marked line, in one write; the lines of two processes can meet on one line
+            # of the shared pipe, so every marker's JSON object is read on its own.
+            found = [json.JSONDecoder().raw_decode(piece.lstrip())[0] for piece in proc.stdout.split(RESULT_MARKER)[1:]]
             if proc.returncode != 0 or not found:
                 raise RuntimeError(f"memory: {' '.join(command[:6])} failed:\n{proc.stderr[-3000:]}")
             results += sorted(found, key=lambda r: r["rank"])
