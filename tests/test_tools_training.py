@@ -86,6 +86,7 @@ def test_the_loss_mask_is_the_policys_tokens_unless_deliberately_not(tmp_path, c
 
     def recording_update(model, optimizer, inputs, cfg, **kw):
         seen[cfg.train_on_tool_output] = inputs
+        optimizer.step()  # no gradients: changes nothing, but the scheduler's step that follows is in order
         return [{"loss": 0.0, "grad_norm": 0.0, "tokens": 1.0, "entropy": 0.0, "ratio_mean": 1.0, "approx_kl": 0.0,
                  "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0}]
 
