@@ -46,7 +46,7 @@ from .batch import collect_batch
 from .config import Config
 from .engines import GenerateEngine
 from .logprobs import completion_logprobs
-from .models import load_model_and_tokenizer
+from .models import load_model_and_tokenizer, load_tokenizer
 from .objectives import policy_loss
 from .peak_memory import PeakMemory
 from .prompts import encode_prompts
@@ -266,10 +266,10 @@ def task_tokenizer(task, tmp: Path):
     """(tokenizer, where it came from): the task's shipped model's, else the stand-in's (standin.py: Qwen2.5's
     chat template, a small vocabulary), built in tmp, for tasks meant for a hub model (countdown, gsm8k)."""
     if (Path(task.model_dir) / "config.json").is_file():
-        return load_model_and_tokenizer(task.model_dir, "cpu")[1], "task's model"
+        return load_tokenizer(task.model_dir), "task's model"
     from .standin import make_standin_chat_model
 
-    return load_model_and_tokenizer(make_standin_chat_model(tmp / "standin"), "cpu")[1], "stand-in"
+    return load_tokenizer(make_standin_chat_model(tmp / "standin")), "stand-in"
 
 
 def build_model_dir(args, task, tokenizer, tmp: Path) -> Path:

@@ -203,14 +203,12 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
     activation_bytes = 2 if (cfg.bf16 or cfg.dtype != "float32") else 4
-    prompts = distinct_prompts(mini_batch, cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation)
-    prompts = prompts if cfg.shared_prefix else mini_batch
+    prompts = (distinct_prompts(mini_batch, cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation)
+               if cfg.shared_prefix else mini_batch)
     tokens = prompts * prompt_length + mini_batch * completion_length  # through the model, each prompt once if shared
     layer_bytes = 34 * config.hidden_size * activation_bytes // 2  # per token: Korthikanti's 34 h in 16 bits
-    kv_size = config.num_key_value_heads * (getattr(config, "head_dim", None)
-                                            or config.hidden_size // config.num_attention_heads)
     # shared: each row attends to its own copy of its prompt's keys and values (2 kv_size per prompt token)
-    prompt_kv_copies = mini_batch * prompt_length * 2 * kv_size * activation_bytes if cfg.shared_prefix else 0
+    prompt_kv_copies = mini_batch * prompt_length * 2 * kv_size(config) * activation_bytes if cfg.shared_prefix else 0
     if cfg.gradient_checkpointing:  # every layer's input kept, one layer's activations at a time (recomputed)
         activations = tokens * (config.num_hidden_layers * config.hidden_size * activation_bytes + layer_bytes)
         activations += prompt_kv_copies  # one layer's at a time
@@ -234,11 +232,15 @@ def vllm_engine_bytes(config, base_params: int, dtype_bytes: int, sequences: int
     dequantized once: 16 bits, not 4; rollout_vllm.py) and the keys and values of one batch of sequences at full
     length (2 x layers x kv heads x head size values per token), in bytes. CUDA graphs and vLLM's own slack are
     not counted."""
-    kv_size = config.num_key_value_heads * (getattr(config, "head_dim", None)
-                                            or config.hidden_size // config.num_attention_heads)
     weights = base_params * dtype_bytes
-    kv_cache = sequences * sequence_length * 2 * config.num_hidden_layers * kv_size * dtype_bytes
+    kv_cache = sequences * sequence_length * 2 * config.num_hidden_layers * kv_size(config) * dtype_bytes
     return {"weights": weights, "kv_cache": kv_cache, "total": weights + kv_cache}
+
+
+def kv_size(config) -> int:
+    """Values per token and layer in the keys (or the values) of attention: kv heads x head size."""
+    return config.num_key_value_heads * (getattr(config, "head_dim", None)
+                                         or config.hidden_size // config.num_attention_heads)
 
 
 def distinct_prompts(micro_batch: int, group_size: int, generation_batch_size: int, steps_per_generation: int) -> int:
