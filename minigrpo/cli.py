@@ -135,7 +135,7 @@ def cmd_plot(argv: list[str]) -> int:
     p.add_argument("--out", default=None, help="where to write PNGs (default: RUN/plots for one run)")
     p.add_argument("--window", type=int, default=10, help="moving-average window in steps")
     args = p.parse_args(argv)
-    from .plots import plot_runs
+    from .lab.plots import plot_runs
 
     out = args.out or (f"{args.runs[0]}/plots" if len(args.runs) == 1 else "plots")
     for path in plot_runs(args.runs, out, window=args.window):
@@ -144,30 +144,30 @@ def cmd_plot(argv: list[str]) -> int:
 
 
 def cmd_show(argv: list[str]) -> int:
-    from .show import main as show_main
+    from .lab.show import main as show_main
 
     return show_main(argv)
 
 
 def cmd_bench(argv: list[str]) -> int:
-    from .bench import main as bench, parse_args
+    from .lab.bench import main as bench, parse_args
 
     args = parse_args(argv)
     if args.against == "vllm":
-        from .bench_vllm import main as against_vllm
+        from .lab.bench_vllm import main as against_vllm
 
         return against_vllm(args)
     return bench(argv)
 
 
 def cmd_bench_length(argv: list[str]) -> int:
-    from .bench_length import main as bench_length
+    from .lab.bench_length import main as bench_length
 
     return bench_length(argv)
 
 
 def cmd_memory(argv: list[str]) -> int:
-    from .memory import main as memory_main
+    from .lab.memory import main as memory_main
 
     return memory_main(argv)
 

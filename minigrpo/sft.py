@@ -98,7 +98,7 @@ def train_sft(
     Stops after max_steps, or earlier once max_seconds of training time (evaluation excluded, as in GRPO's
     `wall_seconds`) are spent — so a control can get exactly the wall time a GRPO run took.
     output_dir gets metrics.jsonl (step, loss, learning_rate, step_seconds, eval/accuracy_greedy every eval_steps)
-    and summary.json (accuracy_before / accuracy_after on the test split, greedy), so `minigrpo.plots` draws
+    and summary.json (accuracy_before / accuracy_after on the test split, greedy), so `minigrpo.lab.plots` draws
     SFT and GRPO runs on the same axes. Returns the summary.
     """
     torch.manual_seed(seed)

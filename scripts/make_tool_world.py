@@ -9,7 +9,7 @@ It writes
     data/tasks/tool_addition/test.jsonl    500 held-out problems, never in train nor in the warm-up data
     data/models/tool_addition/             Qwen2ForCausalLM (float16 safetensors) + tokenizer + warm_start.json
 
-**The tokenizer** is the stand-in's pipeline (minigrpo/standin.py: NFC, Qwen2's split regex so every digit is its
+**The tokenizer** is the stand-in's pipeline (minigrpo/lab/standin.py: NFC, Qwen2's split regex so every digit is its
 own token, byte-level BPE, ChatML's special tokens, ``<tool_call>``/``</tool_call>`` as added tokens that are not
 special), its merges learned from this world's own conversations until no pair repeats: 342 tokens. The chat template
 is the task's ``CHAT_TEMPLATE`` (Qwen2.5-Instruct's, with a one-line tools section). A prompt is 37-40 tokens, a
@@ -59,7 +59,7 @@ from make_tiny_world import float16_rounded, save, write_jsonl  # noqa: E402
 
 from minigrpo.engines import GenerateEngine  # noqa: E402
 from minigrpo.sft import IGNORE_INDEX  # noqa: E402
-from minigrpo.standin import _make_tokenizer  # noqa: E402
+from minigrpo.lab.standin import _make_tokenizer  # noqa: E402
 from minigrpo.tasks.tool_addition import CHAT_TEMPLATE, ToolAdditionTask, tool_call_text  # noqa: E402
 from minigrpo.tools import (  # noqa: E402
     ToolWorker, prompt_ids_with_tools, sample_with_tools, tool_schemas, tool_suffix_ids)

@@ -39,8 +39,8 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory):
-    """A Qwen2-architecture chat model with random weights and a ChatML template, built offline (standin.py)."""
-    from minigrpo.standin import make_standin_chat_model
+    """A Qwen2-architecture chat model with random weights and a ChatML template, built offline (lab/standin.py)."""
+    from minigrpo.lab.standin import make_standin_chat_model
 
     return make_standin_chat_model(tmp_path_factory.mktemp("standin"))
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from minigrpo.bench_length import force_eos, format_table, main, parse_args, summarize
+from minigrpo.lab.bench_length import force_eos, format_table, main, parse_args, summarize
 
 
 def tiny_model():

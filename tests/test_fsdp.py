@@ -189,8 +189,8 @@ def qwen_run(**settings) -> Config:
 
 
 def test_sharding_divides_weights_gradients_and_moments():
-    from minigrpo.memory import qwen_config
-    from minigrpo.memory_sharded import root_and_block_params, sharded_floor
+    from minigrpo.lab.memory import qwen_config
+    from minigrpo.lab.memory_sharded import root_and_block_params, sharded_floor
 
     one, ddp, fsdp = (sharded_floor(qwen_run(), W, sharded) for W, sharded in ((1, False), (2, False), (2, True)))
     for key in ("weights", "gradients", "optimizer"):
@@ -207,7 +207,7 @@ def test_sharding_divides_weights_gradients_and_moments():
 
 
 def test_fit_table_names_every_run():
-    from minigrpo.memory_sharded import FIT_RUNS, fit_table
+    from minigrpo.lab.memory_sharded import FIT_RUNS, fit_table
 
     table = fit_table()
     assert all(name in table for name in FIT_RUNS) and "8 x 24 GB FSDP2" in table
@@ -216,7 +216,7 @@ def test_fit_table_names_every_run():
 def test_memory_measured_one_process_against_two(tmp_path, one_thread):
     """The side-by-side measurement, on the shipped tiny model: each of the 2 processes holds half the parameters
     and half of AdamW's moments, counted on its shards."""
-    from minigrpo.memory_sharded import measure_side_by_side
+    from minigrpo.lab.memory_sharded import measure_side_by_side
 
     one, *two = measure_side_by_side("tiny", 2, workdir=tmp_path, batch_size=16, num_generations=8,
                                      prompt_length=8, completion_length=8)
@@ -227,7 +227,7 @@ def test_memory_measured_one_process_against_two(tmp_path, one_thread):
 
 
 def test_memory_command_prints_each_gpus_share(capsys):
-    from minigrpo.memory import main
+    from minigrpo.lab.memory import main
 
     recipe = str(ROOT / "recipes" / "qwen2.5-0.5b-instruct_gsm8k_full.yaml")
     assert main(["--recipe", recipe, "--num-processes", "8", "--fsdp"]) == 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minigrpo.cli import main
-from minigrpo.memory import SETUPS, format_table, grpo_ppo_ratio, measure_setup, qwen_config, shape_dir
+from minigrpo.lab.memory import SETUPS, format_table, grpo_ppo_ratio, measure_setup, qwen_config, shape_dir
 
 
 @pytest.mark.parametrize("shape, params", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304)])
@@ -62,7 +62,7 @@ def test_lora_setups_train_only_the_adapter(setup):
 
 def test_static_estimate_counts_what_peft_trains_and_what_the_step_holds():
     """The meta-device count agrees with peft and with the measured setups; the bytes follow the formula."""
-    from minigrpo.memory import NF4_BITS, estimate_static_bytes, shape_config
+    from minigrpo.lab.memory import NF4_BITS, estimate_static_bytes, shape_config
     from minigrpo.models import add_lora, load_model, parameter_counts
     from minigrpo.ppo_critic import ValueModel
     from minigrpo.tasks import get_task

@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 from minigrpo.advantages import group_advantages  # noqa: E402
 from minigrpo.objectives.grpo import clipped_surrogate  # noqa: E402
-from minigrpo.plots import (  # noqa: E402
+from minigrpo.lab.plots import (  # noqa: E402
     _series, plot_advantage_heatmap, plot_advantage_vs_num_correct, plot_completion_lengths, plot_curve, plot_histograms, plot_kl_samples,
     plot_memory, plot_run_overview, plot_surrogate, plot_token_heatmap, plot_token_ratios,
 )
@@ -95,7 +95,7 @@ def test_kl_and_ratio_plots_draw_one_line_per_estimator():
 
 
 def test_run_comparison_draws_every_run_on_nine_shared_panels_with_one_legend():
-    from minigrpo.plots import plot_run_comparison
+    from minigrpo.lab.plots import plot_run_comparison
 
     fig = plot_run_comparison({"a": METRICS, "b": METRICS}, start={"a": 0.3, "b": 0.3}, title="toy", window=1)
     assert len(fig.axes) == 9 and all(ax.get_title() for ax in fig.axes)
@@ -106,7 +106,7 @@ def test_run_comparison_draws_every_run_on_nine_shared_panels_with_one_legend():
 
 
 def test_length_drift_is_last_minus_first_for_all_right_and_wrong():
-    from minigrpo.plots import plot_length_drift
+    from minigrpo.lab.plots import plot_length_drift
 
     ax = plot_length_drift({"run": METRICS}, first=1, last=1)
     heights = [patch.get_height() for patch in ax.patches]
@@ -137,7 +137,7 @@ PPO_METRICS = [  # two logged steps of ppo_trainer.train_ppo, the keys the criti
 
 
 def test_critic_plot_draws_reward_and_prediction_left_and_two_errors_right():
-    from minigrpo.plots import plot_critic
+    from minigrpo.lab.plots import plot_critic
 
     lag_ax, err_ax = plot_critic({"a": PPO_METRICS, "b": PPO_METRICS}, window=1)
     assert [line.get_ydata().tolist() for line in lag_ax.lines[:2]] == [[0.4, 0.6], [0.0, 0.3]]
@@ -150,7 +150,7 @@ def test_critic_plot_draws_reward_and_prediction_left_and_two_errors_right():
 def test_advantage_variance_draws_one_line_per_estimator_from_zero(tmp_path):
     import json
 
-    from minigrpo.plots import plot_advantage_variance, plot_critic_runs
+    from minigrpo.lab.plots import plot_advantage_variance, plot_critic_runs
 
     ax = plot_advantage_variance(PPO_METRICS, window=1)
     assert len(ax.lines) == 5 and ax.get_ylim()[0] == 0 and ax.get_ylabel().startswith("variance")
@@ -163,7 +163,7 @@ def test_advantage_variance_draws_one_line_per_estimator_from_zero(tmp_path):
 def test_sampling_mismatch_draws_the_difference_and_the_weight_and_plot_runs_adds_it_only_with_vllm(tmp_path):
     import json
 
-    from minigrpo.plots import plot_runs, plot_sampling_mismatch
+    from minigrpo.lab.plots import plot_runs, plot_sampling_mismatch
 
     vllm = [dict(m, **{"sampling/sampling_logp_difference/mean": 1e-6 * m["step"],
                        "sampling/sampling_logp_difference/max": 1e-5 * m["step"],
@@ -210,7 +210,7 @@ def test_surrogate_curves_differ_in_width_so_none_hides_another():
 def test_a_run_with_tools_gets_calls_beside_accuracy_and_length(tmp_path):
     import json
 
-    from minigrpo.plots import plot_runs
+    from minigrpo.lab.plots import plot_runs
 
     tools = [dict(m, **{"tools/call_frequency": 0.2 * m["step"]}) for m in METRICS]
     for name, metrics in (("tools", tools), ("plain", METRICS)):

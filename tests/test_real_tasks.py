@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minigrpo.cli import main
 from minigrpo.config import ConfigError, load_config
-from minigrpo.memory import HUB_SHAPES, distinct_prompts, format_recipe_table, qwen_config, recipe_floor
+from minigrpo.lab.memory import HUB_SHAPES, distinct_prompts, format_recipe_table, qwen_config, recipe_floor
 from minigrpo.prompts import completions_for_rewards, is_conversational
 from minigrpo.rewards import RewardError, load_reward_func, r1_format, r1_format_soft
 from minigrpo.tasks import DataError, get_task

@@ -6,7 +6,7 @@ import pytest
 
 from minigrpo.cli import main
 from minigrpo.config import Config, ConfigError
-from minigrpo.plots import load_metrics
+from minigrpo.lab.plots import load_metrics
 from minigrpo.trainer import train
 
 SMALL = dict(max_steps=2, num_generations=4, generation_batch_size=16, eval_steps=0, eval_limit=8, eval_num_samples=0,
@@ -70,7 +70,7 @@ def test_minigrpo_show_prints_a_steps_groups(tmp_path, random_model_dir, capsys)
 
 
 def test_show_formats_chat_prompts_and_missing_rewards():
-    from minigrpo.show import format_group
+    from minigrpo.lab.show import format_group
 
     record = {"step": 3, "group": 0, "prompt": [{"role": "system", "content": "Be brief."},
                                                 {"role": "user", "content": "What is 2 + 3?\nThink."}],

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from minigrpo.show import format_group, main, turns
+from minigrpo.lab.show import format_group, main, turns
 from minigrpo.tasks.tool_addition import ToolAdditionTask
 
 TASK = ToolAdditionTask()

@@ -1,4 +1,4 @@
-"""The offline stand-in for a real chat model (minigrpo/standin.py): that it loads as a hub model would, that its
+"""The offline stand-in for a real chat model (minigrpo/lab/standin.py): that it loads as a hub model would, that its
 tokenizer and chat template behave like Qwen2.5-Instruct's, and that every part of the package that touches a
 prompt (encoding, both samplers, log-probs, LoRA, QLoRA, saving) runs on it with chat prompts."""
 
@@ -12,7 +12,7 @@ from minigrpo.logprobs import completion_logprobs
 from minigrpo.models import add_lora, is_quantized, load_model_and_tokenizer, load_policy, load_tokenizer, save_policy
 from minigrpo.prompts import encode_prompts, left_pad
 from minigrpo.rollout import sample_completions, sample_completions_hf
-from minigrpo.standin import make_standin_chat_model
+from minigrpo.lab.standin import make_standin_chat_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # a model this small runs fastest on one thread
 

@@ -282,7 +282,7 @@ def test_encode_as_text_is_the_ordinary_encoding_when_there_is_nothing_to_escape
 def test_the_stand_in_template_is_qwen25s_with_two_stated_changes():
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    from minigrpo.standin import CHATML_TEMPLATE
+    from minigrpo.lab.standin import CHATML_TEMPLATE
 
     qwen_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
     ours = CHATML_TEMPLATE.replace("You are a helpful assistant.", qwen_system)

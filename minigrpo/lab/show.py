@@ -30,7 +30,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 __all__ = ["read_completions", "format_group", "format_turns", "turns", "main"]
 

@@ -42,17 +42,17 @@ from pathlib import Path
 
 import torch
 
-from .batch import collect_batch
-from .config import Config
-from .engines import GenerateEngine
-from .logprobs import completion_logprobs
-from .models import load_model_and_tokenizer, load_tokenizer
-from .objectives import policy_loss
-from .peak_memory import PeakMemory
-from .prompts import encode_prompts
-from .rollout import sample_completions, sample_completions_hf
-from .tasks import get_task
-from .trainer import grpo_update
+from ..batch import collect_batch
+from ..config import Config
+from ..engines import GenerateEngine
+from ..logprobs import completion_logprobs
+from ..models import load_model_and_tokenizer, load_tokenizer
+from ..objectives import policy_loss
+from ..peak_memory import PeakMemory
+from ..prompts import encode_prompts
+from ..rollout import sample_completions, sample_completions_hf
+from ..tasks import get_task
+from ..trainer import grpo_update
 
 __all__ = ["SHAPES", "main"]
 

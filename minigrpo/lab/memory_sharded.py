@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from ..config import ConfigError
 from .memory import DTYPE_BYTES, HUB_SHAPES, RESULT_MARKER, qwen_config, recipe_floor, shape_dir
 
 __all__ = ["sharded_floor", "format_sharded_table", "fit_table", "measure_step", "measure_side_by_side"]
@@ -44,7 +44,7 @@ def model_config(cfg):
     """The model config a recipe trains: a known hub name's published shape, else the model's config.json."""
     from transformers import AutoConfig
 
-    from .tasks import get_task
+    from ..tasks import get_task
 
     name = cfg.model_name_or_path
     if name in HUB_SHAPES:
@@ -124,7 +124,7 @@ def format_sharded_table(path: str, floor: dict) -> str:
 
 def print_recipe_shares(recipe_paths: list[str], num_processes: int, fsdp: bool) -> int:
     """`minigrpo memory --recipe R --num-processes W [--fsdp]`: each recipe's per-GPU table."""
-    from .config import load_config
+    from ..config import load_config
 
     for path in recipe_paths:
         print(format_sharded_table(path, sharded_floor(load_config(path), num_processes, fsdp)) + "\n")
@@ -144,7 +144,7 @@ FIT_SETTINGS = dict(bf16=True, num_generations=16, generation_batch_size=128, gr
 
 def fit_table(gpu_gib: float = 24, layouts=((1, False), (2, False), (2, True), (8, True))) -> str:
     """Per-GPU floors (GiB) of FIT_RUNS on 1, 2 and 8 GPUs, DDP or FSDP2, and whether each fits a gpu_gib GPU."""
-    from .config import Config
+    from ..config import Config
 
     head = "| run (8 prompts x 16 completions, 512 tokens, micro-batches of 8 / W) | " + " | ".join(
         f"{W} x {gpu_gib:.0f} GB {'FSDP2' if fsdp else 'DDP' if W > 1 else ''}".strip() for W, fsdp in layouts) + " |"
@@ -167,14 +167,14 @@ def measure_step(model_dir: str, *, batch_size: int = 16, num_generations: int =
     """In this process (one of W under torchrun, or alone): load, shard when W > 1 (FSDP2), then `steps` GRPO
     optimizer steps on this process's 1/W of a random batch; returns what it held and its peaks, in bytes above
     the resident set just before loading."""
-    from . import distributed
-    from .advantages import group_advantages
-    from .batch import Batch
-    from .config import Config
+    from .. import distributed
+    from ..advantages import group_advantages
+    from ..batch import Batch
+    from ..config import Config
     from .memory import _import_model_code, synthetic_batch
-    from .models import load_model
-    from .peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
-    from .trainer import grpo_update
+    from ..models import load_model
+    from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+    from ..trainer import grpo_update
 
     distributed.setup(torch.device("cpu"))
     W, rank = distributed.world_size(), distributed.rank()
@@ -211,9 +211,9 @@ def measure_side_by_side(shape: str = "qwen2.5-0.5b-2l", processes: int = 2, wor
     with tempfile.TemporaryDirectory(prefix="minigrpo-memory-") as tmp:
         model_dir = str(shape_dir(shape, workdir or tmp))
         request = json.dumps({"model_dir": model_dir, **kwargs})
-        package_parent = str(Path(__file__).resolve().parents[1])
+        package_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")])}
-        child = ["-m", "minigrpo.memory_sharded", "--child", request]
+        child = ["-m", "minigrpo.lab.memory_sharded", "--child", request]
         results = []
         for command in ([sys.executable, *child], [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                                                    str(processes), "--master-port", str(_free_port()), *child]):
@@ -261,7 +261,7 @@ def predicted_static(shape: str, world_size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minigrpo.memory_sharded", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minigrpo.lab.memory_sharded", description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="qwen2.5-0.5b-2l")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)

@@ -84,7 +84,7 @@ def qwen_config(shape: str):
 def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
     """A model directory for `shape`: the shipped tiny model, or a random Qwen2.5-shaped model saved in workdir."""
     if shape == "tiny":
-        from .tasks import get_task
+        from ..tasks import get_task
 
         return get_task("think_addition").model_dir
     from transformers import AutoModelForCausalLM
@@ -129,7 +129,7 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
     """
     from transformers import AutoModelForCausalLM
 
-    from .models import default_lora_target_modules
+    from ..models import default_lora_target_modules
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -183,7 +183,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     Left out: the decode loop's KV cache while sampling (without vLLM), the CUDA context (~0.5 GB), allocator
     slack and fragmentation. LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB).
     """
-    from .tasks import get_task
+    from ..tasks import get_task
 
     name = cfg.model_name_or_path
     if name in HUB_SHAPES:
@@ -198,7 +198,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if cfg.beta > 0 and not cfg.use_peft else 0
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
-    from .logprobs import BLOCK_ELEMENTS
+    from ..logprobs import BLOCK_ELEMENTS
 
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
@@ -293,11 +293,11 @@ def synthetic_batch(vocab_size: int, batch_size: int, prompt_length: int, comple
 def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None, beta: float = 0.0) -> float:
     """One GRPO optimizer step on a given batch, with the trainer's own update (`trainer.grpo_update`; on-policy,
     so old_logp = logp.detach()). Returns the loss."""
-    from .advantages import group_advantages
-    from .batch import Batch
-    from .config import Config
-    from .logprobs import completion_logprobs
-    from .trainer import grpo_update
+    from ..advantages import group_advantages
+    from ..batch import Batch
+    from ..config import Config
+    from ..logprobs import completion_logprobs
+    from ..trainer import grpo_update
 
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
     adv, _ = group_advantages(rewards, group_size)
@@ -328,9 +328,9 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
 
     Meant to run alone in a fresh process (`measure` does that): the peak is the process's, from its start.
     """
-    from .models import add_lora, load_model, parameter_counts, reference_policy
-    from .peak_memory import peak_memory_bytes, reset_peak_memory
-    from .ppo_critic import ValueModel, ppo_step
+    from ..models import add_lora, load_model, parameter_counts, reference_policy
+    from ..peak_memory import peak_memory_bytes, reset_peak_memory
+    from ..ppo_critic import ValueModel, ppo_step
 
     device = torch.device(device)
     _import_model_code(model_dir)
@@ -363,7 +363,7 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
         else:
             ref_logp = None
             if ref_model is not None:
-                from .logprobs import completion_logprobs
+                from ..logprobs import completion_logprobs
 
                 with torch.no_grad():
                     ref_logp = completion_logprobs(ref_model, *batch.values())[0]
@@ -379,12 +379,12 @@ def measure(shape: str, setups=tuple(SETUPS), *, workdir=None, **kwargs) -> list
     """Measure every setup on `shape`, each in a fresh subprocess. kwargs go to `measure_setup`."""
     with tempfile.TemporaryDirectory(prefix="minigrpo-memory-") as tmp:
         model_dir = str(shape_dir(shape, workdir or tmp))
-        package_parent = str(Path(__file__).resolve().parents[1])
+        package_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")])}
         results = []
         for setup in setups:
             request = json.dumps({"setup": setup, "model_dir": model_dir, **kwargs})
-            proc = subprocess.run([sys.executable, "-m", "minigrpo.memory", "--child", request],
+            proc = subprocess.run([sys.executable, "-m", "minigrpo.lab.memory", "--child", request],
                                   capture_output=True, text=True, env=env)
             lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARKER)]
             if proc.returncode != 0 or not lines:
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             return sharded_main(["--shape", (args.shape or ["qwen2.5-0.5b-2l"])[0]])
         return print_recipe_shares(args.recipe, args.num_processes, args.fsdp)
     if args.recipe:
-        from .config import load_config
+        from ..config import load_config
 
         for path in args.recipe:
             gpu_bytes = int(args.gpu_gib * 2**30) if args.gpu_gib else None
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_MARKER + json.dumps(measure_setup(**json.loads(args.child))), flush=True)
         return 0
 
-    from .models import resolve_device
+    from ..models import resolve_device
 
     device = resolve_device(args.device).type
     shapes = args.shape or (["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b"] if device == "cuda" else ["tiny", "qwen2.5-0.5b-2l"])
