@@ -186,9 +186,14 @@ def combine_rewards(rewards_per_func: torch.Tensor, unscorable: torch.Tensor, we
     return total.masked_fill(unscorable | none_applies, float("nan"))
 
 
-def build_reward_funcs(names: list[str], task, max_completion_length: int, cfg) -> list[RewardFunc]:
+def build_reward_funcs(names: list[str], task, max_completion_length: int, *, overlong_buffer_len: int | None = None,
+                       seed: int = 0) -> list[RewardFunc]:
     """Reward names -> functions: correctness, format (the task's), r1_format / r1_format_soft (the R1 tags, any
-    task), overlong (DAPO), random (control), math_verify (LaTeX answers), or your own as "module:function" / "path/file.py:function"."""
+    task), overlong (DAPO), random (control), math_verify (LaTeX answers), or your own as "module:function" /
+    "path/file.py:function".
+
+    overlong_buffer_len: DAPO's soft-punishment zone before max_completion_length (default a quarter of it);
+    seed: the shuffle of the "random" control's rewards."""
     funcs = []
     for name in names:
         if ":" in name:
@@ -200,10 +205,10 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, cfg) 
         elif name == "format":
             funcs.append(task.format_reward)
         elif name == "overlong":
-            buffer_len = cfg.overlong_buffer_len or max(1, max_completion_length // 4)
+            buffer_len = overlong_buffer_len or max(1, max_completion_length // 4)
             funcs.append(overlong_penalty(max_completion_length, buffer_len))
         elif name == "random":
-            funcs.append(shuffled(task.correctness_reward, seed=cfg.seed))
+            funcs.append(shuffled(task.correctness_reward, seed=seed))
         elif name == "math_verify":  # LaTeX answers, graded by math-verify in a worker process (extra "math")
             from .tasks.math_verify_grader import math_verify_reward
 

@@ -37,7 +37,8 @@ def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs:
     not match, or prompts that leave no room for the completion in the model's context."""
     max_len = cfg.max_completion_length or task.max_completion_length
     if reward_funcs is None:
-        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, cfg)
+        reward_funcs = build_reward_funcs(cfg.reward_funcs, task, max_len, overlong_buffer_len=cfg.overlong_buffer_len,
+                                          seed=cfg.seed)
     weights = cfg.reward_weights or [1.0] * len(reward_funcs)
     if len(weights) != len(reward_funcs):
         raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")

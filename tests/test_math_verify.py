@@ -73,9 +73,8 @@ def test_hostile_answers_score_zero_without_a_hang():
 def test_math_verify_is_a_reward_name(tmp_path):
     from minigrpo.rewards import build_reward_funcs
     from minigrpo.tasks import get_task
-    from minigrpo.config import Config
 
-    (func,) = build_reward_funcs(["math_verify"], get_task("answer"), 64, Config())
+    (func,) = build_reward_funcs(["math_verify"], get_task("answer"), 64)
     rewards = func(["q", "q"], ["<answer>\\frac{3}{4}</answer>", "<answer>0.7</answer>"], answer=["0.75", "0.75"])
     assert rewards == [1.0, 0.0]
 
