@@ -16,7 +16,7 @@ from .advantages import ADVANTAGE_ESTIMATORS
 from .errors import MinigrpoError
 from .objectives import LOSSES, get_loss
 
-__all__ = ["Config", "ConfigError", "load_config"]
+__all__ = ["Config", "ConfigError", "load_config", "coerce_value"]
 
 
 class ConfigError(MinigrpoError, ValueError):
@@ -371,7 +371,7 @@ ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume
            "dataset": "dataset_name"}  # short flags of the CLI
 
 
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
+def coerce_value(key: str, value: Any, annotation: Any) -> Any:
     """Turn a YAML/CLI value into the field's type, or raise a ConfigError naming the key."""
     is_union = get_origin(annotation) in (Union, UnionType)
     args = get_args(annotation) if is_union else ()
@@ -433,5 +433,5 @@ def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
         name = ALIASES.get(name, name)
         if name not in known:
             raise ConfigError(f"{key}: unknown config key")
-        kwargs[name] = _coerce(name, value, hints[name])
+        kwargs[name] = coerce_value(name, value, hints[name])
     return Config(**kwargs)

@@ -38,31 +38,26 @@ What this loop simplifies, on purpose:
 
 import dataclasses
 import math
-import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import fmean
 from typing import get_type_hints
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from . import distributed
 from .advantages import group_advantages
 from .batch import PromptSampler, collect_batch
-from .config import Config, ConfigError, _coerce
+from .config import Config, ConfigError, coerce_value
 from .engines import make_engine
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
-from .models import load_policy, parameter_counts, reference_policy, resolve_device
+from .models import parameter_counts, reference_policy, resolve_device
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError, reward_names
-from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task
+from .run import eval_due, evaluator, finish_run, load_run, make_optimizer, vllm_correction, write_config
 from .run_log import RunLog
-from .tasks import get_task
-from .trainer import vllm_correction
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -124,7 +119,7 @@ class PPOConfig:
     def from_flags(cls, values: dict) -> "PPOConfig":
         """From {field: value} with values as strings (command-line flags) or of the field's type."""
         hints = get_type_hints(cls)
-        return cls(**{key: _coerce(key, value, hints[key]) for key, value in values.items()})
+        return cls(**{key: coerce_value(key, value, hints[key]) for key, value in values.items()})
 
 
 def _check(cfg: Config, ppo: PPOConfig) -> None:
@@ -155,40 +150,31 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     """
     ppo = ppo or PPOConfig()
     _check(cfg, ppo)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    task = get_task(cfg.task, answer_grader=cfg.answer_grader)
-    model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full or LoRA
+    run = load_run(cfg, resolve_device(cfg.device), reward_funcs)  # seeded: the task, the policy, rows, rewards
+    model, tokenizer, task, max_len, device = run.model, run.tokenizer, run.task, run.max_completion_length, run.device
     sampling_rng = torch.get_rng_state()  # building the critic must not move the stream the samples come from:
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
     torch.set_rng_state(sampling_rng)  # ... so PPO's first batch is GRPO's first batch, sample for sample
-    train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
-                                                                         reward_funcs)
     ref_model = reference_policy(model) if ppo.kl_coef > 0 else None
-    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in train_rows], max_len)
+    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len)
     critic_lr = ppo.critic_learning_rate or cfg.learning_rate
     optimizer, scheduler = make_optimizer(cfg, [  # the critic in its own param group; the same schedule for both
         {"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.learning_rate},
         {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}])
-    sampler = PromptSampler(train_rows, cfg.seed)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "algorithm": "ppo", "ppo": ppo.to_dict()},
-                                                    sort_keys=False))
-    log = RunLog(out, cfg, reward_names(reward_funcs))
+    sampler = PromptSampler(run.train_rows, cfg.seed)
+    write_config(run.out, cfg, algorithm="ppo", ppo=ppo.to_dict())
+    log = RunLog(run.out, cfg, reward_names(run.reward_funcs))
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
 
-    before = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
-    G, wall_seconds = cfg.num_generations, 0.0
+    before = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
+    wall_seconds = 0.0
     bar = tqdm(range(1, cfg.max_steps + 1), total=cfg.max_steps, desc="ppo", disable=not progress, dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-2. Sample and score, exactly as GRPO does (collect_batch also computes GRPO's advantage: logged only).
-        with autocast():
-            batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len)
+        with run.autocast():
+            batch = collect_batch(cfg, engine, sampler, run.reward_funcs, run.reward_weights, max_len)
         t_generate = time.perf_counter() - t0
         rewards = batch.rewards.to(device)  # (N,)
         if rewards.isnan().any():
@@ -199,7 +185,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         # 3. Targets, before any update: old log-probs, the critic's V(s_t), GAE advantages and returns.
         model.eval()
         value_model.eval()
-        with autocast():
+        with run.autocast():
             ref_logp = None if ref_model is None else completion_logprobs(ref_model, *ids.values(),
                                                                           temperature=cfg.temperature)[0]
             targets = ppo_targets(model, value_model, ids, rewards, ref_logp=ref_logp, kl_coef=ppo.kl_coef,
@@ -216,45 +202,57 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         step_stats = ppo_update(model, value_model, optimizer, ids, targets, cliprange=cfg.epsilon,
                                 cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef,
                                 num_ppo_epochs=ppo.num_ppo_epochs, num_mini_batches=ppo.num_mini_batches,
-                                temperature=cfg.temperature, max_grad_norm=cfg.max_grad_norm, autocast=autocast)
+                                temperature=cfg.temperature, max_grad_norm=cfg.max_grad_norm, autocast=run.autocast)
         engine.sync_weights()
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
         step_seconds = time.perf_counter() - t0
         wall_seconds += step_seconds
 
-        # 5. Log one line: GRPO's metrics (with `advantages` = PPO's raw GAE advantage of each completion's first
-        #    token), then the critic's and the two estimators' variances on this same batch.
-        grpo_adv = batch.adv  # group_advantages(rewards, G) as GRPO would train on it, (N,)
-        batch.adv = targets["raw_adv"][:, 0].cpu()
-        gathered = gather_batch(batch, task)
-        row = {"step": step, **step_metrics(gathered, step_stats, log.reward_names)}
-        row.update({k: fmean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
-        row.update(targets["stats"])
-        centred, _ = group_advantages(batch.rewards, G, scale="none")  # r_i - mean of its group (Dr. GRPO's)
-        row.update({"adv_var/grpo": grpo_adv.var(unbiased=False).item(),
-                    "adv_var/grpo_unscaled": centred.var(unbiased=False).item(),
-                    "adv_var/reward": batch.rewards.var(unbiased=False).item(),
-                    "grpo_advantages": [round(a, 4) for a in grpo_adv.tolist()]})
+        # 5. Log one line: GRPO's names, the critic's, and both estimators' advantage variances on this batch.
+        row, correct = ppo_step_metrics(batch, targets, step_stats, task, log.reward_names, cfg.num_generations)
+        row = {"step": step, **row}
         row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
                    step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats)
-        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-            row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
-        log.log(step, row, batch, gathered["correct"].tolist())
+        if eval_due(cfg, step):
+            row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
+        log.log(step, row, batch, correct)
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
     log.close()
 
-    critic_trainable, critic_total = parameter_counts(value_model)
-    trainable_params, total_params = parameter_counts(model)
+    after = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
     from .lab.plots import plot_critic_runs
 
     # The policy only is saved: the critic is a training device, not a product.
-    return finish_run(cfg, task, model, tokenizer, out, before=before,
-                      after=evaluate_on(test_rows, num_samples=cfg.eval_num_samples), num_test_problems=len(test_rows),
-                      wall_seconds=wall_seconds, device=device, plot_extra=plot_critic_runs,
-                      algorithm="ppo", loss_type="ppo", trainable_params=trainable_params + critic_trainable,
-                      total_params=total_params + critic_total, policy_params=total_params,
-                      critic_params=critic_total, ppo=ppo.to_dict())
+    return finish_run(cfg, task, model, tokenizer, run.out, before=before, after=after,
+                      num_test_problems=len(run.test_rows), wall_seconds=wall_seconds, device=device,
+                      plot_extra=plot_critic_runs, **ppo_summary(model, value_model, ppo))
 
 
+def ppo_step_metrics(batch, targets: dict, step_stats: list[dict], task, reward_names: list[str],
+                     group_size: int) -> tuple[dict, list[bool]]:
+    """One step's metrics (and each completion's correctness): GRPO's names, with `advantages` = PPO's raw GAE
+    advantage of each completion's first token (batch.adv is set to it, so the logged completions show it too), then
+    the critic's losses and diagnostics, and the variance of each estimator's advantages on this same batch."""
+    grpo_adv = batch.adv  # group_advantages(rewards, G) as GRPO would train on it, (N,)
+    batch.adv = targets["raw_adv"][:, 0].cpu()
+    gathered = gather_batch(batch, task)
+    row = step_metrics(gathered, step_stats, reward_names)
+    row.update({k: fmean(s[k] for s in step_stats) for k in ("pg_loss", "vf_loss", "vf_clipfrac", "value_mean")})
+    row.update(targets["stats"])
+    centred, _ = group_advantages(batch.rewards, group_size, scale="none")  # r_i - mean of its group (Dr. GRPO's)
+    row.update({"adv_var/grpo": grpo_adv.var(unbiased=False).item(),
+                "adv_var/grpo_unscaled": centred.var(unbiased=False).item(),
+                "adv_var/reward": batch.rewards.var(unbiased=False).item(),
+                "grpo_advantages": [round(a, 4) for a in grpo_adv.tolist()]})
+    return row, gathered["correct"].tolist()
+
+
+def ppo_summary(model, value_model, ppo: PPOConfig) -> dict:
+    """What summary.json adds for a PPO run: the algorithm, and parameter counts of policy and critic."""
+    critic_trainable, critic_total = parameter_counts(value_model)
+    trainable_params, total_params = parameter_counts(model)
+    return dict(algorithm="ppo", loss_type="ppo", trainable_params=trainable_params + critic_trainable,
+                total_params=total_params + critic_total, policy_params=total_params, critic_params=critic_total,
+                ppo=ppo.to_dict())

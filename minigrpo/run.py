@@ -1,26 +1,84 @@
 """A run's set-up and wrap-up, shared by both trainers (trainer.py, ppo_trainer.py): which model, which rows
-and reward functions, the optimizer and its schedule, how to evaluate, and what is written at the end.
+and reward functions, the optimizer and its schedule, how to evaluate, the sampler's log-probs against ours, and
+what is written at the end.
+
+    device = ...                          (trainer: joins the process group first)
+    check the settings                    (each trainer its own: what it cannot honour is a one-line error)
+    run = load_run(cfg, device, ...)      seeded; the task, the policy, its rows and rewards, the output folder
+    ... the trainer's own loop ...
+    finish_run(...)                       save the policy, summary.json, plots/
 """
 
 import functools
 import json
+import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from .batch import ToolSetup
+from . import distributed
 from .config import Config, ConfigError
+from .engine_mismatch import importance_weights, mismatch_stats
 from .evaluate import evaluate
 from .metrics import run_summary
-from .models import is_quantized, parameter_counts, save_policy
+from .models import is_quantized, load_policy, parameter_counts, save_policy
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
 from .rewards import build_reward_funcs
 from .rollout import eos_token_ids
-from .tasks import Task
+from .tasks import Task, get_task
 from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
 
-__all__ = ["policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "finish_run", "tool_setup"]
+__all__ = ["RunSetup", "load_run", "write_config", "policy_path", "prepare_task", "make_optimizer", "lr_lambda",
+           "evaluator", "eval_due", "vllm_correction", "finish_run", "tool_setup"]
+
+
+@dataclass
+class RunSetup:
+    """What a trainer starts from (load_run): the task, the policy to train, the rows, the reward functions with
+    their weights, the completion budget resolved from the task, and the output folder (made)."""
+
+    device: torch.device
+    task: Task
+    model: torch.nn.Module
+    tokenizer: object
+    train_rows: list[dict]
+    test_rows: list[dict]
+    reward_funcs: list
+    reward_weights: list[float]
+    max_completion_length: int  # cfg.max_completion_length, else the task's
+    out: Path
+    bf16: bool = False
+
+    def autocast(self):
+        """bfloat16 autocast for the forward passes when the run asks for it (bf16), else a no-op context."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+
+def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None) -> RunSetup:
+    """Seed, load the task and the policy (full, LoRA or QLoRA), read and check the rows and reward functions
+    (prepare_task), make the output folder. With W processes each rank is then re-seeded on its own stream, so that
+    the ranks start from identical weights but sample different completions."""
+    torch.manual_seed(cfg.seed)  # the same on every rank: identical starting weights (and LoRA initialisation)
+    random.seed(cfg.seed)
+    task = get_task(cfg.task, answer_grader=cfg.answer_grader)
+    model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)
+    if distributed.world_size() > 1:
+        torch.manual_seed(cfg.seed + distributed.rank())
+    train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
+                                                                         reward_funcs)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return RunSetup(device, task, model, tokenizer, train_rows, test_rows, reward_funcs, weights, max_len, out,
+                    cfg.bf16)
+
+
+def write_config(out: Path, cfg: Config, **extra) -> None:
+    """output_dir/config.yaml: the Config's fields (then `extra`, which may override one), in field order."""
+    (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), **extra}, sort_keys=False))
 
 
 def policy_path(cfg: Config, task: Task):
@@ -82,6 +140,25 @@ def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: 
     return functools.partial(evaluate, model, tokenizer, task, temperature=cfg.temperature,
                              max_completion_length=max_completion_length, chat_template_kwargs=cfg.chat_template_kwargs,
                              tools=tools)
+
+
+def eval_due(cfg: Config, step: int) -> bool:
+    """Whether this step ends with a greedy evaluation: every eval_steps steps, and the last step (0 = never)."""
+    return bool(cfg.eval_steps) and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
+
+
+def vllm_correction(cfg: Config, old_logp, sampling_logp, loss_mask) -> tuple[torch.Tensor | None, dict]:
+    """With an engine that returns its sampling log-probs (vLLM): TRL's importance weight per token (None when
+    switched off) and the sampling/* mismatch statistics. Without one: (None, {})."""
+    if sampling_logp is None:
+        return None, {}
+    sampling_logp = sampling_logp.to(old_logp.device)
+    is_weight = None
+    if cfg.vllm_importance_sampling_correction:
+        is_weight = importance_weights(old_logp, sampling_logp, loss_mask, mode=cfg.vllm_importance_sampling_mode,
+                                       clip_min=cfg.vllm_importance_sampling_clip_min,
+                                       clip_max=cfg.vllm_importance_sampling_clip_max)
+    return is_weight, mismatch_stats(old_logp, sampling_logp, loss_mask, is_weight, cfg.vllm_importance_sampling_mode)
 
 
 def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer,

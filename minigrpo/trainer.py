@@ -32,12 +32,9 @@ What this loop simplifies, on purpose:
 import contextlib
 import math
 import os
-import random
 import time
-from pathlib import Path
 
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from . import distributed
@@ -45,16 +42,15 @@ from .batch import Batch, PromptSampler, collect_batch
 from .checkpoint import process_state, save_checkpoint, start_or_resume
 from .config import Config, ConfigError
 from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
-from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import make_engine
 from .isolation import take_failed_count
 from .metrics import gather_batch, gather_stats, step_metrics
-from .models import load_policy, reference_policy, refresh_reference, resolve_device
+from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
 from .rewards import reward_names
-from .run import evaluator, finish_run, make_optimizer, policy_path, prepare_task, tool_setup
+from .run import (eval_due, evaluator, finish_run, load_run, make_optimizer, tool_setup, vllm_correction,
+                  write_config)
 from .run_log import RunLog
-from .tasks import get_task
 
 __all__ = ["train", "prepare_update", "grpo_update"]
 
@@ -74,41 +70,33 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     """
     device = distributed.setup(resolve_device(cfg.device))  # joins the process group when launched W > 1 times
     check_processes(cfg)
-    torch.manual_seed(cfg.seed)  # the same on every rank: identical starting weights (and LoRA initialisation)
-    random.seed(cfg.seed)
-    task = get_task(cfg.task, answer_grader=cfg.answer_grader)
-    model, tokenizer = load_policy(cfg, policy_path(cfg, task), device)  # full, LoRA or QLoRA
-    if distributed.world_size() > 1:
-        torch.manual_seed(cfg.seed + distributed.rank())  # ... but each rank samples its own completions
-    train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
-                                                                         reward_funcs)
+    run = load_run(cfg, device, reward_funcs)  # seeded: the task, the policy, its rows and rewards (run.py)
+    model, tokenizer, task, out, max_len = run.model, run.tokenizer, run.task, run.out, run.max_completion_length
     ref_model = reference_policy(model) if cfg.beta > 0 else None
     # What the loss's log-probs run through: model and ref_model themselves (one process), else DDP's or FSDP2's
     # forward (distributed.py). FSDP2 shards model and ref_model in place; the rest of the loop calls them bare.
     policy, ref_policy = distributed.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config, bf16=cfg.bf16)
     tools = tool_setup(cfg, task, tools, model, tokenizer, environment_factory)  # None: single-turn completions
+    reward_funcs, weights = run.reward_funcs, run.reward_weights
     if tools is not None and tools.environments is not None and tools.environments.has_reward:
         reward_funcs, weights = reward_funcs + [tools.environments.reward_func()], weights + [1.0]
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
-    sampler = PromptSampler(train_rows, cfg.seed, distributed.rank(), distributed.world_size())
-    out, main = Path(cfg.output_dir), distributed.is_main()
-    out.mkdir(parents=True, exist_ok=True)
+    sampler = PromptSampler(run.train_rows, cfg.seed, distributed.rank(), distributed.world_size())
+    main = distributed.is_main()
     moving_ref = ref_model if cfg.sync_ref_model else None  # a reference that changes is part of the run's state
     start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
                                             sampler=sampler, reward_funcs=reward_funcs, ref_model=moving_ref)
     # The policy's own decode loop, or vLLM (use_vllm), made after the resume so that it copies the restored weights.
-    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in train_rows], max_len)
+    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len)
     if main:  # one process writes the run directory
-        (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), "resume_from_checkpoint": None},
-                                                        sort_keys=False))  # resuming is an action, not a setting
+        write_config(out, cfg, resume_from_checkpoint=None)  # resuming is an action, not a setting
     log = RunLog(out, cfg, reward_names(reward_funcs), resume_step=start_step, enabled=main)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)  # noqa: E731
     take_failed_count()  # verifier failures are counted from this run's first step
     if run_state["before"] is None:
         with distributed.full_weights(policy):  # FSDP2: every process gathers the weights, rank 0 evaluates
             if main:
-                run_state["before"] = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
+                run_state["before"] = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
 
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and main), dynamic_ncols=True)
@@ -116,15 +104,15 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         t0 = time.perf_counter()
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (batch.py).
         # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
-        with autocast(), distributed.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
+        with run.autocast(), distributed.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools)
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
-        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, autocast)
+        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, run.autocast)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         policy.train()
-        step_stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=max_len, autocast=autocast,
+        step_stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=max_len, autocast=run.autocast,
                                  step=step)
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
@@ -142,10 +130,10 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
             row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
-        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+        if eval_due(cfg, step):
             with distributed.full_weights(policy):
                 if main:
-                    row["eval/accuracy_greedy"] = evaluate_on(test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
+                    row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         if main:
             log.log(step, row, batch, gathered["correct"].tolist())  # rank 0's rows come first in gathered
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
@@ -165,13 +153,14 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     summary = after = None
     with distributed.full_weights(policy):
         if main:
-            after = evaluate_on(test_rows, num_samples=cfg.eval_num_samples)
+            after = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
     # FSDP2: the whole model gathered to rank 0, which saves it as one ordinary folder
     full_state = distributed.full_state_dict(model) if distributed.is_sharded(policy) and cfg.save_model else None
     if main:  # rank 0 evaluates, saves and writes; every rank returns its summary
         summary = finish_run(cfg, task, model, tokenizer, out, before=run_state["before"], after=after,
-                             num_test_problems=len(test_rows), wall_seconds=run_state["wall_seconds"], device=device,
-                             state_dict=full_state, resumed_from_step=start_step if cfg.resume_from_checkpoint else None)
+                             num_test_problems=len(run.test_rows), wall_seconds=run_state["wall_seconds"],
+                             device=device, state_dict=full_state,
+                             resumed_from_step=start_step if cfg.resume_from_checkpoint else None)
     summary = distributed.broadcast_object(summary)
     del policy, ref_policy  # DDP's reducer must go before its process group does
     distributed.cleanup()
@@ -302,20 +291,6 @@ def merge_micro_stats(micro_stats: list[dict]) -> dict:
     merged = {key: sum(s[key] * n for s, n in zip(micro_stats, tokens)) / max(sum(tokens), 1) for key in micro_stats[0]}
     merged.update(loss=sum(s["loss"] for s in micro_stats), tokens=sum(tokens))
     return merged
-
-
-def vllm_correction(cfg: Config, old_logp, sampling_logp, loss_mask) -> tuple[torch.Tensor | None, dict]:
-    """With an engine that returns its sampling log-probs (vLLM): TRL's importance weight per token (None when
-    switched off) and the sampling/* mismatch statistics. Without one: (None, {})."""
-    if sampling_logp is None:
-        return None, {}
-    sampling_logp = sampling_logp.to(old_logp.device)
-    is_weight = None
-    if cfg.vllm_importance_sampling_correction:
-        is_weight = importance_weights(old_logp, sampling_logp, loss_mask, mode=cfg.vllm_importance_sampling_mode,
-                                       clip_min=cfg.vllm_importance_sampling_clip_min,
-                                       clip_max=cfg.vllm_importance_sampling_clip_max)
-    return is_weight, mismatch_stats(old_logp, sampling_logp, loss_mask, is_weight, cfg.vllm_importance_sampling_mode)
 
 
 def check_processes(cfg: Config) -> None:

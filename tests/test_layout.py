@@ -1,0 +1,61 @@
+"""The shape of the package, checked: short functions a reader can hold in mind, and the library apart from the lab.
+
+Lengths count a function's code lines, from its first statement after the docstring to its last (comments and blank
+lines inside included): the docstring is the equation and the contract, which we do not want shortened.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "minigrpo"
+LAB = PACKAGE / "lab"
+LIBRARY = sorted(p for p in PACKAGE.rglob("*.py") if LAB not in p.parents and p.name != "cli.py")
+
+MAX_LINES = 80  # any function of the library
+LONGER_ALLOWED = {"train": 100}  # the one loop a newcomer reads top to bottom
+SHORTER_REQUIRED = {"policy_loss": 60}  # a pipeline: ratio -> surrogate -> token selection -> KL -> aggregation
+
+
+def code_lines(node: ast.FunctionDef) -> int:
+    body = node.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return 0 if not body else body[-1].end_lineno - body[0].lineno + 1
+
+
+def functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def test_code_lines_counts_the_body_without_its_docstring():
+    (f,) = ast.parse('def f(x):\n    """Doc.\n\n    More."""\n    y = x\n\n    return y\n').body
+    assert code_lines(f) == 3
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_library_functions_are_short(path):
+    too_long = []
+    for f in functions(path):
+        limit = SHORTER_REQUIRED.get(f.name) or LONGER_ALLOWED.get(f.name, MAX_LINES)
+        if code_lines(f) > limit:
+            too_long.append(f"{f.name} (line {f.lineno}): {code_lines(f)} lines, at most {limit}")
+    assert not too_long, f"{path.name}: " + "; ".join(too_long)
+
+
+def test_the_named_functions_exist():  # so that a rename cannot silently lift their limits
+    names = {f.name for path in LIBRARY for f in functions(path)}
+    assert set(LONGER_ALLOWED) | set(SHORTER_REQUIRED) <= names
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_library_does_not_import_the_lab_at_import_time(path):
+    # The lab (benchmarks, memory measurement, plots, the stand-in) may import the library, not the reverse; the
+    # one exception is the plots a finished run draws, imported inside the function that draws them.
+    for node in ast.parse(path.read_text()).body:  # module level only
+        if isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            assert "lab" not in module.split("."), f"{path.name}: {module} imported at module level"
