@@ -84,10 +84,6 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, name: str):
-        """batch["rewards"] reads a field, as when a batch was a dict (notebooks written against that)."""
-        return getattr(self, name)
-
     def _per_completion(self):
         return ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in self.PER_STEP)
 
