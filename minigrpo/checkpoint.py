@@ -29,6 +29,7 @@ needs the same number of processes (each resumes its own RNGs). Several machines
 folder every machine sees.
 """
 
+import dataclasses
 import json
 import os
 import random
@@ -192,21 +193,18 @@ def latest_checkpoint(run_or_checkpoint: str | os.PathLike) -> Path:
     return found[-1][1]
 
 
-def _defaults_of_newer_keys(saved: dict, config: dict) -> dict:
+def _defaults_of_newer_keys(saved: dict, config: dict, defaults: dict) -> dict:
     """Config keys a checkpoint predates (written before the field existed), at their defaults: a field is added
     with the default that keeps what earlier runs computed, so resuming with it left at the default is the same run."""
-    import dataclasses
-
-    from .config import Config
-
-    defaults = {f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
     return {k: defaults[k] for k in config if k not in saved and k in defaults}
 
 
 def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sampler, reward_funcs,
-                    config: dict, rank: int = 0, world_size: int = 1, ref_model=None) -> tuple[int, dict]:
+                    config: dict, rank: int = 0, world_size: int = 1, ref_model=None,
+                    config_defaults: dict | None = None) -> tuple[int, dict]:
     """Restore everything `save_checkpoint` wrote into the given objects; returns (step, progress).
     rank, world_size: this process's place in a multi-process run (it takes its own RNGs and sampler).
+    config_defaults: each config key's default, taken for keys the checkpoint predates.
 
     Raises CheckpointError if the checkpoint was written with a config that differs in a key outside
     RESUMABLE_CHANGES, by another number of processes, or for weights this model does not have.
@@ -216,7 +214,7 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sam
         state = torch.load(path / "state.pt" if path.is_dir() else path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
         raise CheckpointError(f"resume_from_checkpoint: cannot read {path}: {exc}") from exc
-    saved_config = {**_defaults_of_newer_keys(state["config"], config), **state["config"]}
+    saved_config = {**_defaults_of_newer_keys(state["config"], config, config_defaults or {}), **state["config"]}
     changed = sorted(k for k in config.keys() | saved_config.keys()
                      if k not in RESUMABLE_CHANGES and config.get(k) != saved_config.get(k))
     if changed:
@@ -292,8 +290,10 @@ def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
     another run's checkpoints."""
     if cfg.resume_from_checkpoint:
         ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
+        defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
         start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
-                                                rank=distributed.rank(), world_size=distributed.world_size())
+                                                rank=distributed.rank(), world_size=distributed.world_size(),
+                                                config_defaults=defaults)
         if distributed.is_main():
             for name in ("metrics.jsonl", "completions.jsonl"):
                 truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
