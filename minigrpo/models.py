@@ -272,6 +272,12 @@ def refresh_reference(ref_model, model, alpha: float) -> None:
         ref_p.mul_(1 - alpha).add_(p.detach().to(ref_p.dtype), alpha=alpha)
 
 
+def kv_size(config) -> int:
+    """Values per token and layer in the keys (or the values) of attention: kv heads x head size."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return kv_heads * (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
 def parameter_counts(model) -> tuple[int, int]:
     """(trainable, total) parameters. A 4-bit weight counts as the number of weights it stores, not bytes."""
     if is_lora(model):

@@ -77,7 +77,7 @@ import torch
 
 from . import distributed
 from .config import ConfigError
-from .models import is_lora, is_quantized
+from .models import is_lora, is_quantized, kv_size
 from .prompts import encode_prompts
 from .rollout import Rollout, eos_token_ids, rollout_from_ids
 
@@ -170,9 +170,7 @@ class VLLMEngine:
         config = model.config
         if device == "cpu":
             if kv_cache_memory_bytes is None:
-                head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-                kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-                bytes_per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize  # K and V
+                bytes_per_token = 2 * config.num_hidden_layers * kv_size(config) * model.dtype.itemsize  # K and V
                 kv_cache_memory_bytes = max(64 << 20, 256 * max_model_len * bytes_per_token)
             where = dict(enforce_eager=True, kv_cache_memory_bytes=kv_cache_memory_bytes)
         else:  # CUDA: TRL 1.16's colocate recipe, for a world of one

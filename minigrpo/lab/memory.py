@@ -199,6 +199,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
     from ..logprobs import BLOCK_ELEMENTS
+    from ..models import kv_size
 
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
@@ -232,15 +233,11 @@ def vllm_engine_bytes(config, base_params: int, dtype_bytes: int, sequences: int
     dequantized once: 16 bits, not 4; rollout_vllm.py) and the keys and values of one batch of sequences at full
     length (2 x layers x kv heads x head size values per token), in bytes. CUDA graphs and vLLM's own slack are
     not counted."""
+    from ..models import kv_size
+
     weights = base_params * dtype_bytes
     kv_cache = sequences * sequence_length * 2 * config.num_hidden_layers * kv_size(config) * dtype_bytes
     return {"weights": weights, "kv_cache": kv_cache, "total": weights + kv_cache}
-
-
-def kv_size(config) -> int:
-    """Values per token and layer in the keys (or the values) of attention: kv heads x head size."""
-    return config.num_key_value_heads * (getattr(config, "head_dim", None)
-                                         or config.hidden_size // config.num_attention_heads)
 
 
 def distinct_prompts(micro_batch: int, group_size: int, generation_batch_size: int, steps_per_generation: int) -> int:
