@@ -210,7 +210,7 @@ def test_every_recipe_loads_and_its_memory_is_computed(recipe):
     assert cfg.steps_per_generation == 1 and cfg.num_generations % mini_batch == 0
     prompts = 1
     tokens = prompts * 200 + mini_batch * cfg.max_completion_length
-    kv_size = shape.num_key_value_heads * (getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads)  # by hand
+    kv_size = shape.num_key_value_heads * (getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads)
     kv_copies = mini_batch * 200 * 2 * kv_size * 2
     assert floor["activations"] == (tokens * 34 * shape.hidden_size + kv_copies) * shape.num_hidden_layers
     # every row running its own prompt (shared_prefix false): mini-batch x (200 + completion) tokens
