@@ -4,7 +4,7 @@ that change control flow, against metrics recorded once, with one thread, before
 The recorded figures live in tests/data/recorded_runs.json. To record them again (only when a change is *meant*
 to move numbers, and say so in the commit):
 
-    OMP_NUM_THREADS=1 python tests/test_recorded_runs.py --record
+    OMP_NUM_THREADS=1 python tests/test_recorded_runs.py --record [case ...]
 
 Each run is 3 steps of the shipped think_addition model (4 prompts x G=4), so the whole file takes about a
 minute. Timings are not compared; everything else a step logs is, to 1e-6 relative (bit for bit where the order
@@ -25,7 +25,7 @@ BASE = dict(max_steps=3, num_generations=4, generation_batch_size=16, eval_steps
 TWO_REWARDS = dict(reward_funcs=["correctness", "format"])
 OFF_POLICY = dict(num_iterations=2, steps_per_generation=2)
 
-# name -> Config overrides; "ppo" runs train_ppo
+# name -> Config overrides; "ppo" runs train_ppo, "sft" train_sft
 CASES = {
     "loss-grpo": {},
     "loss-bnpo": dict(loss_type="bnpo", **OFF_POLICY),
@@ -66,7 +66,9 @@ CASES = {
     "lora": dict(use_peft=True, lora_r=4, beta=0.04),
     "sync_ref_model": dict(beta=0.04, sync_ref_model=True, ref_model_sync_steps=1),
     "ppo": {},
+    "sft": dict(warmup_steps=2),
 }
+SFT_BATCH_SIZE = 16
 TIMINGS = ("step_seconds", "generate_seconds", "tokens_per_second")
 
 
@@ -75,7 +77,13 @@ def run_case(name: str, out_dir: Path) -> dict:
     from minigrpo.config import Config
 
     cfg = Config(output_dir=str(out_dir / name), **{**BASE, **CASES[name]})
-    if name == "ppo":
+    if name == "sft":
+        from minigrpo.sft import train_sft
+
+        summary = train_sft(cfg.task, output_dir=cfg.output_dir, max_steps=cfg.max_steps,
+                            learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, batch_size=SFT_BATCH_SIZE,
+                            eval_steps=cfg.eval_steps, eval_limit=cfg.eval_limit, seed=cfg.seed, progress=False)
+    elif name == "ppo":
         from minigrpo.ppo_trainer import train_ppo
 
         summary = train_ppo(cfg, progress=False)
@@ -119,12 +127,14 @@ def test_every_case_was_recorded(recorded):
     assert set(recorded) == set(CASES)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+if __name__ == "__main__" and sys.argv[1:2] == ["--record"]:  # --record [name ...]: only those cases
     import tempfile
 
     torch.set_num_threads(1)
+    names = sys.argv[2:] or list(CASES)
+    figures = json.loads(RECORDED.read_text()) if RECORDED.exists() and sys.argv[2:] else {}
     with tempfile.TemporaryDirectory() as tmp:
-        figures = {name: run_case(name, Path(tmp)) for name in CASES}
+        figures.update({name: run_case(name, Path(tmp)) for name in names})
     RECORDED.parent.mkdir(exist_ok=True)
     RECORDED.write_text(json.dumps(figures, indent=1) + "\n")
-    print(f"recorded {len(figures)} runs in {RECORDED}")
+    print(f"recorded {len(names)} runs in {RECORDED}")
