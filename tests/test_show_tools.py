@@ -68,8 +68,58 @@ def test_turns_print_each_turn_of_a_completion_that_called_a_tool():
     assert lines[10].lstrip().startswith("2 ") and lines[11].startswith("  (completion:")  # one turn: nothing below
 
 
-def test_a_malformed_call_is_shown_as_sampled_and_control_characters_are_escaped():
-    # The parser keeps no text of a call it cannot read; the record's text (the completion as decoded) says what it was.
+def test_a_malformed_call_is_shown_as_the_model_wrote_it():
+    """The tool loop's entry for a call it could not read (tools/calls.py) keeps the block and the error: the table
+    marks it malformed with the block, --turns prints the block as written, and no raw line is needed."""
+    block = '<tool_call>\n{"name": "add", "arguments": {"a": 523745,, "b": 24060}}\n</tool_call>'
+    error = "Error: the tool call is not valid JSON (Expecting property name enclosed in double quotes at character 42)."
+    messages = [{"role": "assistant", "content": "let me add", "tool_calls": [
+                    {"type": "function", "function": {"name": "", "arguments": {}}, "error": error, "text": block}]},
+                {"role": "tool", "name": "unknown", "content": error}, {"role": "assistant", "content": "547805"}]
+    assert turns(messages) == [("model", "let me add\n" + block), ("tool", error), ("model", "547805")]
+    record = {**tool_record(), "completions": [completion(messages, length=30, calls=1, reward=0.0, correct=False)]}
+    lines = format_group(record, width=300, show_turns=True).splitlines()
+    assert lines[2].endswith('let me add  call ? (malformed: <tool_call>\\n{"name": "add", "arguments": '
+                             '{"a": 523745,, "b": 24060}}\\n</tool_call>)  [tool: Error: the tool call is not valid '
+                             "JSON (Expecting property name enclosed in double quotes at character 42).]  547805")
+    assert [line.strip() for line in lines[3:6]] == [
+        'model | let me add\\n<tool_call>\\n{"name": "add", "arguments": {"a": 523745,, "b": 24060}}\\n</tool_call>',
+        f"tool  | {error}", "model | 547805"]
+    assert lines[6].startswith("  (completion:")  # no raw line: the messages hold the text
+
+
+def test_hostile_entries_never_crash_the_table_and_reach_the_terminal_escaped():
+    """Records are JSON from anywhere: arguments that are not an object (OpenAI's JSON string, a list), entries that
+    are not objects, a name that is a number, tool_calls that is not a list, a message that is a string, and text with
+    ESC, C1 (0x9b opens an escape sequence on some terminals) and bidirectional-override characters."""
+    evil = "\x1b[2J\x9b31m\u202eevil"
+    messages = [
+        {"role": "assistant", "content": evil, "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}},
+            {"type": "function", "function": {"name": "add", "arguments": [1, 2]}},
+            {"type": "function", "function": {"name": evil, "arguments": {evil: evil}}},
+            {"type": "function", "function": {"name": 7, "arguments": None}},
+            {"type": "function", "function": "add"},
+            "add(1, 2)",
+            {"type": "function", "function": {"name": "", "arguments": {}}, "error": evil, "text": evil}]},
+        {"role": "assistant", "content": "", "tool_calls": {"name": "add"}},
+        {"role": "tool", "name": "add", "content": ["part", {"type": "text", "text": evil}]},
+        "a message that is a string",
+    ]
+    hostile = {**completion([], length=9, calls=7, reward=0.0, correct=False), "messages": messages, "text": evil}
+    table = format_group({**tool_record(), "completions": [hostile]}, width=2000, show_turns=True)
+    assert "\x1b" not in table and "\x9b" not in table and "\u202e" not in table
+    row = table.splitlines()[2]
+    assert 'call add({"a": 1, "b": 2})  call add([1, 2])' in row  # OpenAI's JSON text as it is; a list as JSON
+    assert "call \\x1b[2J\\x9b31m\\u202eevil(\\x1b[2J\\x9b31m\\u202eevil=" in row and "call 7()" in row
+    assert row.count("call ? (malformed") == 3  # the function that is a string, the entry that is one, the loop's
+    assert row.count("call add()") == 1  # tool_calls as one object: read as that one (bare) call
+    assert "a message that is a string" in row and "raw   |" in table  # entries without text: the decoded completion
+
+
+def test_a_record_whose_malformed_call_has_no_text_gets_the_completion_as_decoded():
+    # Messages not written by the tool loop may keep no text of a call; the record's text (the completion as decoded)
+    # says what it was.
     raw = '<tool_call>\n{"name": "add", "arguments": {"a": 52\x1b[2J'
     messages = [{"role": "assistant", "content": "",
                  "tool_calls": [{"type": "function", "function": {"name": "", "arguments": {}}}]}]

@@ -277,6 +277,67 @@ def test_encode_as_text_is_the_ordinary_encoding_when_there_is_nothing_to_escape
     assert encode_as_text(tokenizer, text) == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+# --- a call as an assistant message's tool_calls entry ---------------------------------------------------------
+
+def test_a_well_formed_calls_entry_is_the_openai_trl_format_and_nothing_more():
+    [c] = parse_tool_calls('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    assert c.as_message_call() == {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    [c] = parse_tool_calls('<tool_call>{"name": "now"}</tool_call>')
+    assert c.as_message_call() == {"type": "function", "function": {"name": "now", "arguments": {}}}
+
+
+@pytest.mark.parametrize("block, name, arguments", [
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1,}}\n</tool_call>', "", {}),  # bad JSON
+    ('<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>', "", {}),  # no name
+    ('<tool_call>["add", 1, 2]</tool_call>', "", {}),  # not an object
+    ('<tool_call>\n{"name": "add", "arguments": [1, 2]}\n</tool_call>', "add", [1, 2]),  # arguments as written
+    ('<tool_call>\n{"name": "add", "arguments": "a=1"}\n</tool_call>', "add", "a=1"),
+    ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}', "", {}),  # unclosed: runs to the turn's end
+])
+def test_a_malformed_calls_entry_keeps_the_block_as_written_and_its_error(block, name, arguments):
+    content, [c] = parse_assistant_turn("Let me add.\n" + block)
+    assert content == "Let me add." and not c.ok and c.text == block
+    assert c.as_message_call() == {"type": "function", "function": {"name": name, "arguments": arguments},
+                                   "error": c.error, "text": block}
+    text, failed = execute_tool_call(c, TOOLS, timeout=1, max_output_chars=100)
+    assert failed and text == c.error  # the entry's error is what the model was told
+
+
+def test_our_entries_and_trls_parse_response(chat_model_dir):
+    """TRL 1.16 parses a turn with ``parse_response`` (Qwen2.5's template, its response schema). A well-formed call:
+    the same message. Arguments that are not an object: the same entry, ours with the error and the block added. A
+    block it cannot parse: TRL makes the whole turn plain content and runs nothing; ours keeps content and a failed
+    call whose text is that block, so the two hold the same text."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, parse_response, qwen2_5_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    tokenizer.chat_template = qwen2_5_chat_template
+    add_response_schema(tokenizer)
+    prefix = tokenizer.apply_chat_template([{"role": "user", "content": "1+2"}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+
+    def both(turn):
+        content, calls = parse_assistant_turn(turn)
+        ours = {"role": "assistant", "content": content, "tool_calls": [c.as_message_call() for c in calls]}
+        ids = tokenizer(turn + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        return ours, parse_response(tokenizer, ids, prefix=prefix)
+
+    good = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    ours, trl = both(good)
+    assert ours == trl
+    listed = '<tool_call>\n{"name": "add", "arguments": [1, 2]}\n</tool_call>'
+    ours, trl = both(listed)
+    [entry] = ours["tool_calls"]
+    assert {k: v for k, v in entry.items() if k not in ("error", "text")} == trl["tool_calls"][0]
+    assert entry["text"] == listed
+    bad = '<tool_call>\n{"name": "add", "arguments": {"a": 1,}}\n</tool_call>'
+    ours, trl = both("Let me add.\n" + bad)
+    assert trl == {"role": "assistant", "content": "Let me add.\n" + bad}  # no tool_calls: TRL runs nothing
+    assert ours["content"] + "\n" + ours["tool_calls"][0]["text"] == trl["content"]
+    assert "not valid JSON" in ours["tool_calls"][0]["error"]
+
+
 # --- the stand-in's template -------------------------------------------------------------------------------------
 
 def test_the_stand_in_template_is_qwen25s_with_two_stated_changes():

@@ -15,8 +15,11 @@ wrote in brackets, ``[tool: 547805]``, and a ``calls`` column counts the calls. 
 something the policy sampled: ``len`` counts the policy's tokens only, and the loss does not learn the bracketed part
 (unless ``train_on_tool_output``).
 ``--turns`` prints every completion that called a tool in full below its row, one line per turn, ``model |`` or
-``tool  |``; a call the parser could not read (bad JSON, no closing tag) keeps no text in the messages, so a completion
-with one also gets a ``raw   |`` line, the whole completion as decoded (special tokens dropped):
+``tool  |``. A call the parser could not read (bad JSON, no name, no closing tag) is shown as the model wrote it:
+the messages keep its block and its ``error`` (tools/calls.py), the table writes it ``call ? (malformed: <tool_call>
+{"name": "add", ...</tool_call>)``, and its error follows as the tool's answer. Where a record's malformed call has
+no text (messages not written by the tool loop), the completion also gets a ``raw   |`` line, the whole completion
+as decoded (special tokens dropped):
 
     step 2, group 0: 523745+24060    answer 547805
       #   reward  correctness_reward  advantage   len  calls  cut  ok  completion
@@ -44,14 +47,22 @@ def read_completions(run_dir: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-# Control characters a model (or a tool) wrote are shown escaped: "\n" as \n, an ESC as \x1b, so that no completion
-# can move the terminal's cursor or recolour it.
-_ESCAPED = {c: f"\\x{c:02x}" for c in [*range(32), 127]} | {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+# Control characters a model (or a tool) wrote are shown escaped: "\n" as \n, an ESC as \x1b, a C1 control (0x9b
+# starts an escape sequence on some terminals) as \x9b, a bidirectional override as \u202e, so that no completion can
+# move the terminal's cursor, recolour it, or reorder the text around it.
+_BIDI_AND_LINE_BREAKS = [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x2028, 0x2029]
+_ESCAPED = ({c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)]}
+            | {c: f"\\u{c:04x}" for c in _BIDI_AND_LINE_BREAKS}
+            | {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"})
+
+
+def _text(value) -> str:
+    """A string as it is; anything else (a record is JSON, so numbers, lists, objects) as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _one_line(text, width: int) -> str:
-    text = text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)
-    text = text.translate(_ESCAPED)
+    text = _text(text).translate(_ESCAPED)
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -59,50 +70,88 @@ def _number(x) -> str:
     return "   n/a" if x is None else f"{x:6.3f}"
 
 
-def _call_function(call: dict) -> tuple[str, dict]:
-    function = call.get("function", call)  # TRL's {"type": "function", "function": {...}}, or the bare function
-    return function.get("name") or "", function.get("arguments") or {}
+def _read_call(call) -> tuple[str, object, str | None]:
+    """A ``tool_calls`` entry -> (name, arguments, malformed).
+
+    malformed is None for a well-formed call (TRL's ``{"type": "function", "function": {"name", "arguments"}}``,
+    or the bare function). For a malformed one (tools/calls.py: an entry with an ``error``) it is the block as the
+    model wrote it (the entry's ``text``), or "" where the entry keeps none. An entry with no name, or one that is
+    not an object, counts as malformed too. Nothing in a record is trusted to have the right type."""
+    if not isinstance(call, dict):
+        return "", {}, _text(call)
+    function = call.get("function", call)
+    function = function if isinstance(function, dict) else {}
+    name = function.get("name")
+    name = "" if name is None else _text(name)
+    arguments = function.get("arguments")
+    arguments = {} if arguments is None else arguments
+    if "error" in call or not name:
+        return name, arguments, call.get("text") if isinstance(call.get("text"), str) else ""
+    return name, arguments, None
+
+
+def _message(message) -> dict:
+    return message if isinstance(message, dict) else {"role": "assistant", "content": _text(message)}
+
+
+def _calls(message: dict) -> list:
+    calls = message.get("tool_calls") or []
+    return calls if isinstance(calls, list) else [calls]
 
 
 def turns(messages: list[dict]) -> list[tuple[str, str]]:
     """A completion's messages (TRL's format) as (who, text) in order: who is "model" for what the policy wrote
-    (its content, then each call as the chat template writes it) and "tool" for each tool's answer."""
+    (its content, then each call as the chat template writes it, a malformed one as the model wrote it) and "tool"
+    for each tool's answer."""
     out = []
-    for message in messages:
+    for message in map(_message, messages):
         if message.get("role") == "tool":
-            out.append(("tool", str(message.get("content", ""))))
+            out.append(("tool", _text(message.get("content", ""))))
             continue
         text = message.get("content") or ""
-        if not isinstance(text, str):  # content as a list of parts
-            text = "".join(part.get("text", "") for part in text if isinstance(part, dict))
-        for call in message.get("tool_calls") or []:
-            name, arguments = _call_function(call)
-            block = (json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) if name
-                     else "? (malformed)")
-            text += ("\n" if text else "") + f"<tool_call>{block}</tool_call>"
+        if isinstance(text, list):  # content as a list of parts
+            text = "".join(_text(part.get("text", "")) for part in text if isinstance(part, dict))
+        text = _text(text)
+        for call in _calls(message):
+            name, arguments, malformed = _read_call(call)
+            if malformed is None:
+                block = "<tool_call>" + _text({"name": name, "arguments": arguments}) + "</tool_call>"
+            else:
+                block = malformed or "<tool_call>? (malformed)</tool_call>"
+            text += ("\n" if text else "") + block
         out.append(("model", text))
     return out
+
+
+def _call_text(call) -> str:
+    """One call in a line: ``call add(a=1, b=2)``; arguments that are not an object as JSON, ``call add([1, 2])``
+    (a string, OpenAI's JSON text, as it is); a malformed call as ``call ? (malformed: <the block as written>)``."""
+    name, arguments, malformed = _read_call(call)
+    if malformed is not None:
+        return f"call ? (malformed: {malformed})" if malformed else "call ? (malformed)"
+    if isinstance(arguments, dict):
+        return f"call {name}(" + ", ".join(f"{_text(k)}={json.dumps(v, ensure_ascii=False, default=str)}"
+                                           for k, v in arguments.items()) + ")"
+    return f"call {name}({_text(arguments)})"
 
 
 def _compact(messages: list[dict]) -> str:
     """One line: the model's text as it is (a call as ``call name(a=1, b=2)``), each tool answer as
     ``[tool: ...]``, turns two spaces apart."""
     parts = []
-    for message in messages:
+    for message in map(_message, messages):
         if message.get("role") == "tool":
-            parts.append(f"[tool: {message.get('content', '')}]")
+            parts.append(f"[tool: {_text(message.get('content', ''))}]")
             continue
         if message.get("content"):
-            parts.append(message["content"] if isinstance(message["content"], str) else json.dumps(message["content"]))
-        for call in message.get("tool_calls") or []:
-            name, arguments = _call_function(call)
-            args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
-            parts.append(f"call {name}({args})" if name else "call ? (malformed)")
+            parts.append(_text(message["content"]))
+        parts += [_call_text(call) for call in _calls(message)]
     return "  ".join(parts)
 
 
-def _has_malformed_call(messages: list[dict]) -> bool:
-    return any(not _call_function(call)[0] for m in messages for call in m.get("tool_calls") or [])
+def _has_call_without_text(messages: list[dict]) -> bool:
+    """Whether a malformed call keeps no text of its own (then the completion as decoded is the only record of it)."""
+    return any(_read_call(call)[2] == "" for m in map(_message, messages) for call in _calls(m))
 
 
 def format_turns(messages: list[dict], indent: str = "       ") -> str:
@@ -136,8 +185,8 @@ def format_group(record: dict, width: int = 100, show_turns: bool = False) -> st
         lines.append("  " + "  ".join(cells))
         if show_turns and (c.get("tool_calls") or len(turns(c.get("messages", []))) > 1):  # turns to set apart
             lines.append(format_turns(c["messages"]))
-            if _has_malformed_call(c["messages"]):  # its text is not in the messages: show the completion as decoded
-                lines.append(f"       raw   | {_one_line(c['text'], 10 * width)}")
+            if _has_call_without_text(c["messages"]):  # the completion as decoded is the only record of its text
+                lines.append(f"       raw   | {_one_line(c.get('text', ''), 10 * width)}")
     if with_tools:
         lines.append("  (completion: the model's text; [tool: ...] what the tool wrote back. len: the model's tokens)")
     return "\n".join(lines)

@@ -11,6 +11,30 @@ the turn's text. A block that is not a call (bad JSON, no ``name``, ``arguments`
 tag) is still a call, a failed one: its ``error`` goes back to the model as the tool's answer, so a model learns the
 format from its mistakes instead of the run stopping on them.
 
+**A call as a message.** The loop records each turn as TRL's assistant message, one ``tool_calls`` entry per call
+(``ToolCall.as_message_call``); reward functions, completions.jsonl and ``minigrpo show`` all read these. A
+well-formed call is the OpenAI / TRL entry and nothing more:
+
+    {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+
+A malformed call keeps that shape, so that code reading TRL's format and a chat template re-rendering the messages
+still work, and adds two keys that chat templates ignore: ``error``, the parser's message (what the model was told),
+and ``text``, the block exactly as the model wrote it, tags included. ``name`` is "" when the block names no tool, and
+``arguments`` is {} unless the block had ``"arguments"`` that were not an object, which are kept as written:
+
+    {"type": "function", "function": {"name": "", "arguments": {}},
+     "error": "Error: the tool call is not valid JSON (...)", "text": "<tool_call>\\n{bad json\\n</tool_call>"}
+    {"type": "function", "function": {"name": "add", "arguments": [1, 2]},
+     "error": "Error: the \\"arguments\\" of add must be ...", "text": "<tool_call>{...}</tool_call>"}
+
+What TRL 1.16 does (``parse_response`` in trl/chat_template_utils.py, then ``GRPOTrainer._tool_call_loop``): a
+block it cannot parse (bad JSON, no name, no closing tag) makes the whole turn ``{"role": "assistant", "content":
+<the turn decoded>}`` with no ``tool_calls``, so nothing is run and the row's loop ends; ``"arguments"`` that are
+not an object stay in the entry as written, and calling the tool with them fails with ``{"error": ...}`` as the
+tool's answer. The second case is followed: TRL's entry, plus the two keys. The first is not: here a malformed
+block is still a call, whose error goes back to the model, so it keeps an entry that its tool message answers, in
+order, and a reward function that checks the calls sees a failed call rather than plain text.
+
 The model learns what tools exist from their JSON schemas, written by the chat template into the system message
 (``apply_chat_template(messages, tools=...)``). ``tool_schema`` builds one from a plain typed Python function with a
 Google-style docstring, with transformers' ``get_json_schema``, as TRL's ``tools=[fn, ...]`` does.
@@ -31,27 +55,26 @@ _BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)(?:" + re.escape(TOOL_CA
 @dataclass
 class ToolCall:
     name: str | None  # None when the block names no tool
-    arguments: dict = field(default_factory=dict)
+    arguments: dict = field(default_factory=dict)  # in a failed call whose "arguments" were not an object: as written
     error: str | None = None  # why the block is not a call; sent back to the model as the tool's answer
-    text: str = ""  # the block's text between the tags, as written
+    text: str = ""  # the block as written, from <tool_call> through </tool_call> (or the turn's end if unclosed)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     def as_message_call(self) -> dict:
-        """The call as an assistant message's ``tool_calls`` entry (the OpenAI / TRL format)."""
-        return {"type": "function", "function": {"name": self.name or "", "arguments": self.arguments}}
+        """The call as an assistant message's ``tool_calls`` entry: the OpenAI / TRL format, plus ``error`` and
+        ``text`` (the block as written) when the call is malformed (see the module docstring)."""
+        entry = {"type": "function", "function": {"name": self.name or "", "arguments": self.arguments}}
+        if not self.ok:
+            entry |= {"error": self.error, "text": self.text}
+        return entry
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every ``<tool_call>...</tool_call>`` block in a turn's text, in order; malformed ones carry an ``error``."""
-    calls = []
-    for match in _BLOCK.finditer(text):
-        body = match.group(1)
-        closed = match.group(0).endswith(TOOL_CALL_END)
-        calls.append(_parse_block(body.strip(), closed))
-    return calls
+    return [_parse_block(match.group(0), match.group(1).strip()) for match in _BLOCK.finditer(text)]
 
 
 def parse_assistant_turn(text: str) -> tuple[str, list[ToolCall]]:
@@ -64,25 +87,27 @@ def parse_assistant_turn(text: str) -> tuple[str, list[ToolCall]]:
     return (content[:-1] if content.endswith("\n") else content), parse_tool_calls(text[start:])
 
 
-def _parse_block(body: str, closed: bool) -> ToolCall:
-    if not closed:
-        return ToolCall(None, error=f"Error: {TOOL_CALL_START} without a closing {TOOL_CALL_END}.", text=body)
+def _parse_block(block: str, body: str) -> ToolCall:
+    """One block (tags included, as written) and its body (between the tags, stripped) -> a call, or a failed one."""
+    def failed(error: str) -> ToolCall:
+        return ToolCall(None, error=error, text=block)
+
+    if not block.endswith(TOOL_CALL_END):
+        return failed(f"Error: {TOOL_CALL_START} without a closing {TOOL_CALL_END}.")
     try:
         call = json.loads(body)
     except json.JSONDecodeError as e:
-        return ToolCall(None, error=f"Error: the tool call is not valid JSON ({e.msg} at character {e.pos}).",
-                        text=body)
+        return failed(f"Error: the tool call is not valid JSON ({e.msg} at character {e.pos}).")
     if not isinstance(call, dict):
-        return ToolCall(None, error='Error: the tool call must be a JSON object {"name": ..., "arguments": {...}}.',
-                        text=body)
+        return failed('Error: the tool call must be a JSON object {"name": ..., "arguments": {...}}.')
     name = call.get("name")
     if not isinstance(name, str) or not name:
-        return ToolCall(None, error='Error: the tool call has no "name".', text=body)
+        return failed('Error: the tool call has no "name".')
     arguments = call.get("arguments", {})  # a tool without parameters may be called without them
     if not isinstance(arguments, dict):
-        return ToolCall(name, error=f'Error: the "arguments" of {name} must be a JSON object, not '
-                                    f"{type(arguments).__name__}.", text=body)
-    return ToolCall(name, arguments, text=body)
+        return ToolCall(name, arguments, error=f'Error: the "arguments" of {name} must be a JSON object, not '
+                                               f"{type(arguments).__name__}.", text=block)
+    return ToolCall(name, arguments, text=block)
 
 
 def tool_schema(tool) -> dict:

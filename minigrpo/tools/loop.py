@@ -69,7 +69,7 @@ class ToolRollout(Rollout):
     num_tool_turns: torch.Tensor = None  # (N,) tool messages appended
     stop_reasons: list[str] = field(default_factory=list)  # no_tool_call | max_tool_calling_iterations | ...length
     turns: list[list[Turn]] = field(default_factory=list)  # per row, in order
-    messages: list[list[dict]] = field(default_factory=list)  # per row, the completion as TRL's messages
+    messages: list[list[dict]] = field(default_factory=list)  # per row, the completion as TRL's messages (calls.py)
     environments: list | None = None  # per row, its environment (environment_factory), for the reward functions
 
     @property
@@ -106,7 +106,11 @@ class _Row:
 
 
 def _add_assistant_turn(row: _Row, ids: list[int], logp, tokenizer, eos_ids) -> None:
-    """Append a sampled turn, parse its calls, and decide whether the row goes on."""
+    """Append a sampled turn, parse its calls, and decide whether the row goes on.
+
+    The turn is also recorded as TRL's assistant message: the text before the first call as ``content``, each call
+    as a ``tool_calls`` entry (``ToolCall.as_message_call``), a malformed one with its ``error`` and its ``text`` as
+    the model wrote it, so the messages say what was sampled even where no call could be read."""
     ended = bool(ids) and ids[-1] in eos_ids
     text = tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
     row.add("assistant", ids, logp, text)
