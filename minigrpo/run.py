@@ -1,6 +1,6 @@
-"""A run's set-up and wrap-up, shared by both trainers (trainer.py, ppo_trainer.py): which model, which rows
-and reward functions, the optimizer and its schedule, how to evaluate, the sampler's log-probs against ours, and
-what is written at the end.
+"""A run's set-up and wrap-up, shared by the three trainers (trainer.py, ppo_trainer.py, sft.py): which model,
+which rows and reward functions, the optimizer and its schedule, how to evaluate, the sampler's log-probs against
+ours, and what is written at the end.
 
     device = ...                          (trainer: joins the process group first)
     check the settings                    (each trainer its own: what it cannot honour is a one-line error)

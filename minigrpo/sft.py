@@ -19,12 +19,12 @@ import json
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from .evaluate import evaluate
-from .models import load_model_and_tokenizer, resolve_device
+from .config import Config, ConfigError
+from .models import resolve_device
+from .run import evaluator, finish_run, load_run, make_optimizer, write_config
 from .tasks import Task, get_task
 
 __all__ = ["collate_sft", "sft_batch", "train_sft"]
@@ -76,86 +76,61 @@ def sft_batch(
     return collate_sft(tokenizer, prompts, completions)
 
 
-def train_sft(
-    task: str = "think_addition",
-    *,
-    output_dir: str | Path = "runs/sft",
-    model_name_or_path: str | None = None,
-    target_completion: Callable | None = None,
-    max_steps: int = 200,
-    max_seconds: float | None = None,
-    learning_rate: float = 1e-3,
-    warmup_steps: int = 10,
-    batch_size: int = 128,
-    eval_steps: int = 25,
-    eval_num_problems: int = 200,
-    eval_limit: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict:
-    """SFT from a model (default: the task's shipped warm start); writes a run directory like GRPO's.
+def train_sft(cfg: Config, *, batch_size: int = 128, max_seconds: float | None = None,
+              target_completion: Callable | None = None, progress: bool = True) -> dict:
+    """SFT from cfg's model (default: the task's shipped warm start) on problems from the task's generator; writes
+    a run directory like GRPO's: config.yaml (with an `sft:` section), metrics.jsonl (step, loss, learning_rate,
+    step_seconds, eval/accuracy_greedy every eval_steps), summary.json, plots/, model/ (save_model). Returns the
+    summary, whose accuracy_before / accuracy_after are greedy on the test split, as GRPO's.
 
-    Stops after max_steps, or earlier once max_seconds of training time (evaluation excluded, as in GRPO's
-    `wall_seconds`) are spent — so a control can get exactly the wall time a GRPO run took.
-    output_dir gets metrics.jsonl (step, loss, learning_rate, step_seconds, eval/accuracy_greedy every eval_steps)
-    and summary.json (accuracy_before / accuracy_after on the test split, greedy), so `minigrpo.lab.plots` draws
-    SFT and GRPO runs on the same axes. Returns the summary.
+    From the Config it reads what SFT shares with GRPO: task, model_name_or_path (and use_peft / load_in_4bit,
+    dtype), seed, max_steps, learning_rate and its schedule (warmup_steps, lr_scheduler_type), AdamW's settings,
+    eval_steps / eval_num_problems / eval_limit, output_dir, save_model, device. The gradient is not clipped.
+    batch_size: (prompt, completion) pairs per optimizer step. max_seconds: stop once this much training time
+    (evaluation excluded, as in GRPO's `wall_seconds`) is spent, so a control can get exactly a GRPO run's time.
+    target_completion(row, rng) -> text: the completion to imitate (default `task.target_completion`).
     """
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    the_task = get_task(task)
-    device = resolve_device("auto")
-    model, tokenizer = load_model_and_tokenizer(model_name_or_path or the_task.model_dir, device)
-    test_rows = the_task.load("test")[:eval_limit]
-    eval_rows = test_rows[:eval_num_problems]
-    exclude = {row["prompt"] for row in the_task.load("test")}  # never train on a test problem
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = dict(task=task, model_name_or_path=model_name_or_path, max_steps=max_steps, max_seconds=max_seconds,
-                    learning_rate=learning_rate, warmup_steps=warmup_steps, batch_size=batch_size, seed=seed,
-                    eval_steps=eval_steps, eval_num_problems=eval_num_problems, eval_limit=eval_limit,
-                    target_completion=getattr(target_completion, "__name__", repr(target_completion)))
-    (out / "sft_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    if type(get_task(cfg.task)).make_problem is Task.make_problem:
+        raise ConfigError(f"task: train_sft draws problems from a task's generator; {cfg.task!r} has none")
+    run = load_run(cfg, resolve_device(cfg.device))  # seeded: the task, the model, the test rows, the output folder
+    model, tokenizer, task = run.model, run.tokenizer, run.task
+    rng = random.Random(cfg.seed)  # the problems' stream
+    exclude = {row["prompt"] for row in task.load("test")}  # never train on a test problem
+    optimizer, scheduler = make_optimizer(cfg, model.parameters())
+    write_config(run.out, cfg, algorithm="sft", sft=dict(batch_size=batch_size, max_seconds=max_seconds,
+                 target_completion=getattr(target_completion, "__name__", repr(target_completion))))
+    evaluate_on = evaluator(cfg, model, tokenizer, task, run.max_completion_length)  # evaluate_on(rows) -> accuracies
 
-    before = evaluate(model, tokenizer, the_task, test_rows)
+    before = evaluate_on(run.test_rows)
     wall_seconds, step = 0.0, 0
-    with open(out / "metrics.jsonl", "w") as metrics_file:
-        while step < max_steps and (max_seconds is None or wall_seconds < max_seconds):
+    with open(run.out / "metrics.jsonl", "w") as metrics_file:
+        while step < cfg.max_steps and (max_seconds is None or wall_seconds < max_seconds):
             step += 1
             t0 = time.perf_counter()
-            lr = learning_rate * min(1.0, step / warmup_steps) if warmup_steps else learning_rate  # linear warm-up
-            for group in optimizer.param_groups:
-                group["lr"] = lr
             model.train()
             input_ids, attention_mask, labels = (
-                t.to(device) for t in sft_batch(the_task, tokenizer, rng, batch_size, exclude, target_completion)
+                t.to(run.device) for t in sft_batch(task, tokenizer, rng, batch_size, exclude, target_completion)
             )
             loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss  # mean over T
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            learning_rate = scheduler.get_last_lr()[0]
+            scheduler.step()
             step_seconds = time.perf_counter() - t0
             wall_seconds += step_seconds
 
-            row = {"step": step, "loss": loss.item(), "learning_rate": lr, "step_seconds": step_seconds}
-            done = step >= max_steps or (max_seconds is not None and wall_seconds >= max_seconds)
-            if eval_steps and (step % eval_steps == 0 or done):
-                row["eval/accuracy_greedy"] = evaluate(model, tokenizer, the_task, eval_rows)["accuracy_greedy"]
+            row = {"step": step, "loss": loss.item(), "learning_rate": learning_rate, "step_seconds": step_seconds}
+            done = step >= cfg.max_steps or (max_seconds is not None and wall_seconds >= max_seconds)
+            if cfg.eval_steps and (step % cfg.eval_steps == 0 or done):
+                row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
                 if progress:
                     print(f"sft step {step:4d}  loss {row['loss']:.4f}  greedy accuracy "
                           f"{row['eval/accuracy_greedy']:6.1%}  {wall_seconds:6.1f} s", flush=True)
             metrics_file.write(json.dumps(row) + "\n")
             metrics_file.flush()
 
-    after = evaluate(model, tokenizer, the_task, test_rows)
-    summary = {
-        "task": the_task.name, "method": "sft", "model": str(model_name_or_path or the_task.model_dir), "seed": seed,
-        "steps": step, "wall_seconds": round(wall_seconds, 2),
-        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
-        "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
-        "eval_before": before, "eval_after": after, "num_test_problems": len(test_rows),
-        "device": str(device), "torch": torch.__version__,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    after = evaluate_on(run.test_rows)
+    return finish_run(cfg, task, model, tokenizer, run.out, before=before, after=after,
+                      num_test_problems=len(run.test_rows), wall_seconds=wall_seconds, device=run.device,
+                      algorithm="sft", loss_type="sft", steps=step)

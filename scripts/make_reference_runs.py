@@ -25,7 +25,7 @@ data/reference_runs/ppo_vs_grpo/<name>/):
 
     metrics.jsonl    one line per step (advantages included: 128 numbers per step, for the histograms)
     summary.json     greedy accuracy before / after on the first 200 test problems, wall time, ...
-    config.yaml      (GRPO runs) or sft_config.json (SFT): the settings used
+    config.yaml      the settings used (SFT's own under `sft:`)
     correct_after.json  (notebooks 04 and 06) the trained model's greedy result on each of those 200 problems,
                      1 right / 0 wrong, so that two runs can be compared problem by problem (evaluate.mcnemar)
 
@@ -52,15 +52,16 @@ from minigrpo.tasks import DATA_DIR, get_task  # noqa: E402
 from minigrpo.trainer import train  # noqa: E402
 
 REFERENCE_DIR = DATA_DIR / "reference_runs"
-KEEP = ("metrics.jsonl", "summary.json", "config.yaml", "sft_config.json", "correct_after.json")
+KEEP = ("metrics.jsonl", "summary.json", "config.yaml", "correct_after.json")
 
 # The lesson's runs (notebook 03, full mode). GRPO: defaults of Config (lr 1e-4, G = 8, 128 completions a step).
 # Every evaluation uses the same first 200 test problems (eval_limit): before, during (every 5 steps) and after.
 GRPO = dict(task="think_addition", max_steps=40, eval_steps=5, eval_num_problems=200, eval_limit=200,
             eval_num_samples=0, save_model=False, seed=0)
 RANDOM = dict(GRPO, max_steps=20, reward_funcs=["random"])
-SFT = dict(task="think_addition", learning_rate=3e-4, warmup_steps=10, batch_size=128, eval_steps=5,
-           eval_num_problems=200, eval_limit=200, seed=0)
+SFT = dict(task="think_addition", learning_rate=3e-4, warmup_steps=10, eval_steps=5, eval_num_problems=200,
+           eval_limit=200, seed=0)
+SFT_BATCH_SIZE = 128
 
 # Notebook 04: the variants side by side, same seed, same 40 steps, same evaluation (first 200 test problems, every
 # 10 steps). Every run splits each batch of 128 completions into 2 mini-batches (steps_per_generation=2, two optimizer
@@ -164,8 +165,9 @@ def main():
                 target = REFERENCE_DIR / "variants" / name
             elif name == "sft":
                 grpo_seconds = json.loads((REFERENCE_DIR / "grpo" / "summary.json").read_text())["wall_seconds"]
-                summary = train_sft(output_dir=run_dir, target_completion=think_completion, max_steps=10_000,
-                                    max_seconds=grpo_seconds, progress=False, **SFT)
+                cfg = Config(output_dir=str(run_dir), max_steps=10_000, save_model=False, **SFT)
+                summary = train_sft(cfg, batch_size=SFT_BATCH_SIZE, target_completion=think_completion,
+                                    max_seconds=grpo_seconds, progress=False)
             else:
                 settings = GRPO if name == "grpo" else RANDOM
                 summary = train(Config(output_dir=str(run_dir), **settings), progress=False)

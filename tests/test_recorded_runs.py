@@ -80,9 +80,7 @@ def run_case(name: str, out_dir: Path) -> dict:
     if name == "sft":
         from minigrpo.sft import train_sft
 
-        summary = train_sft(cfg.task, output_dir=cfg.output_dir, max_steps=cfg.max_steps,
-                            learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_steps, batch_size=SFT_BATCH_SIZE,
-                            eval_steps=cfg.eval_steps, eval_limit=cfg.eval_limit, seed=cfg.seed, progress=False)
+        summary = train_sft(cfg, batch_size=SFT_BATCH_SIZE, progress=False)
     elif name == "ppo":
         from minigrpo.ppo_trainer import train_ppo
 

@@ -4,8 +4,11 @@ prompts, and train_sft lowers the loss, stops on its time budget and writes a ru
 import json
 import random
 
+import pytest
 import torch
+import yaml
 
+from minigrpo.config import Config, ConfigError
 from minigrpo.sft import IGNORE_INDEX, collate_sft, sft_batch, train_sft
 from minigrpo.tasks import get_task
 from minigrpo.tokenizer import build_tokenizer
@@ -48,18 +51,27 @@ def test_sft_batch_uses_the_given_target_completion():
 
 
 def test_train_sft_lowers_the_loss_and_writes_a_run(tmp_path, random_model_dir):
-    summary = train_sft("addition", output_dir=tmp_path / "sft", model_name_or_path=str(random_model_dir),
-                        max_steps=30, learning_rate=3e-3, warmup_steps=0, batch_size=32, eval_steps=15,
-                        eval_num_problems=5, eval_limit=5, progress=False)
+    cfg = Config(task="addition", output_dir=str(tmp_path / "sft"), model_name_or_path=str(random_model_dir),
+                 max_steps=30, learning_rate=3e-3, eval_steps=15, eval_num_problems=5, eval_limit=5)
+    summary = train_sft(cfg, batch_size=32, progress=False)
     lines = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, 31))
     assert lines[-1]["loss"] < 0.8 * lines[0]["loss"], (lines[0]["loss"], lines[-1]["loss"])
     assert [m["step"] for m in lines if "eval/accuracy_greedy" in m] == [15, 30]
     assert summary["steps"] == 30 and summary["num_test_problems"] == 5
     assert json.loads((tmp_path / "sft" / "summary.json").read_text())["accuracy_after"] == summary["accuracy_after"]
+    assert summary["algorithm"] == "sft" and (tmp_path / "sft" / "model").is_dir()  # a run directory like GRPO's
+    assert yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())["sft"]["batch_size"] == 32
+    assert (tmp_path / "sft" / "plots").is_dir()
 
 
 def test_train_sft_stops_on_its_time_budget(tmp_path, random_model_dir):
-    summary = train_sft("addition", output_dir=tmp_path / "sft", model_name_or_path=str(random_model_dir),
-                        max_steps=1000, max_seconds=1e-6, batch_size=4, eval_steps=0, eval_limit=2, progress=False)
+    cfg = Config(task="addition", output_dir=str(tmp_path / "sft"), model_name_or_path=str(random_model_dir),
+                 max_steps=1000, eval_steps=0, eval_limit=2, save_model=False)
+    summary = train_sft(cfg, max_seconds=1e-6, batch_size=4, progress=False)
     assert summary["steps"] == 1  # the first step already spends the budget
+
+
+def test_train_sft_refuses_a_task_without_a_generator(tmp_path):
+    with pytest.raises(ConfigError, match="task: train_sft draws problems from a task's generator"):
+        train_sft(Config(task="gsm8k", output_dir=str(tmp_path / "sft")), progress=False)
