@@ -117,6 +117,7 @@ QUOTES = [
     ("07_real_model", "would train at 0.34 of it", ["(the recipe's warm-up kept) 50 steps, warm-up 20, linear decay: "
                                                     "average learning rate 0.34"]),
     ("07_real_model", "(GRPO divided by the group's std, 0.524)", ["mean reward 0.437, std 0.524"]),
+    ("07_real_model", "so a wrong number still earns 0.01", ["wrong (row 1's answer) 44 0.01 1.00 False"]),
     ("08_more_variants", "span 1.5 points for GRPO, 3.0 for Dr. GRPO and 8.0 for Dr. GRPO's loss alone",
      ["span 1.5 points", "span 3.0 points", "span 8.0 points"]),
     ("08_more_variants", "VESPO's 9 points and Pass@k's 8.5", ["VESPO -9.0", "Pass@k (k=4) -8.5"]),
