@@ -26,7 +26,7 @@ from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
 
-__all__ = ["Batch", "ToolSetup", "PromptSampler", "collect_batch", "sample_round", "compute_advantages"]
+__all__ = ["Batch", "ToolSetup", "PromptSampler", "collect_batch", "sample_round"]
 
 
 @dataclass
@@ -188,18 +188,6 @@ class PromptSampler:
         self.order = list(state["order"])
 
 
-def compute_advantages(rewards: torch.Tensor, cfg, group_size: int, lengths: torch.Tensor,
-                       rewards_per_func: torch.Tensor | None = None,
-                       reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) rewards, grouped by group_size -> (adv (N,), zero_std (N,)) with the run's estimator and settings
-    (advantages.compute_advantages, the table and the formulas); GDPO when multi_objective_aggregation is
-    "normalize_then_sum". lengths (N,): completion lengths, for the estimators that weigh by them."""
-    x = advantages.AdvantageInputs(rewards, group_size, lengths, cfg.scale_rewards, cfg.std_type, cfg.pass_k)
-    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"
-    return advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
-                                         rewards_per_func=rewards_per_func if gdpo else None)
-
-
 def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,
                  policy=None, ref_model=None, tools: ToolSetup | None = None) -> Batch:
     """Sample G completions for each prompt row, score them, and compute their advantages: a Batch.
@@ -244,7 +232,10 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     lengths = batch.policy_mask.sum(-1).cpu()  # (N,) the policy's tokens, for the estimators that weigh by length
     batch_rewards, batch_lengths, batch_per_func = (torch.cat(distributed.gather_objects(x))  # (N * W, ...)
                                                     for x in (batch.rewards, lengths, batch.rewards_per_func))
-    adv, zero_std = compute_advantages(batch_rewards, cfg, G, batch_lengths, batch_per_func, reward_weights)
+    x = advantages.AdvantageInputs(batch_rewards, G, batch_lengths, cfg.scale_rewards, cfg.std_type, cfg.pass_k)
+    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # GDPO: each reward function normalised alone
+    adv, zero_std = advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
+                                                  rewards_per_func=batch_per_func if gdpo else None)
     share = slice(distributed.rank() * len(batch), (distributed.rank() + 1) * len(batch))
     batch.adv, batch.zero_std = adv[share], zero_std[share]
     return batch
