@@ -1,32 +1,18 @@
-"""One training batch: prompts in, scored completions with their advantages out — steps 1 to 3 of the loop.
-
-    sampler.take(prompts)              which prompts, in a seeded order                 PromptSampler
-    sample_round                       G completions per prompt (the engine, or the multi-turn tool loop),
-                                       every reward function on each (rewards.py), advantages (advantages.py)
-    collect_batch                      one round; with dynamic_sampling (DAPO), more rounds until the batch
-                                       holds enough groups whose rewards differ
+"""One training batch as one typed object, the prompts' seeded order, and the tools a rollout may call.
 
 A `Batch` holds N = generation_batch_size / W completions grouped by prompt (rows i*G .. i*G+G-1 share prompt i);
 it moves to a device, selects rows and concatenates as one object (fields below). The trainer adds what it
-computes before the update: loss_mask, old_logp, ref_logp, is_weight.
+computes before the update: loss_mask, old_logp, ref_logp, is_weight. collect.py fills it (steps 1-3 of the loop).
 """
 
 import dataclasses
 import random
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from . import advantages, distributed
-from .advantages import gfpo_keep, kl_penalized_rewards
-from .engines import sampling_options
-from .logprobs import completion_logprobs
-from .prompts import completions_for_rewards
-from .rewards import combine_rewards, score_completions
-
-__all__ = ["Batch", "ToolSetup", "PromptSampler", "collect_batch", "sample_round"]
+__all__ = ["Batch", "ToolSetup", "PromptSampler"]
 
 
 @dataclass
@@ -186,115 +172,3 @@ class PromptSampler:
     def load_state_dict(self, state: dict) -> None:
         self.rng.setstate(state["rng"])
         self.order = list(state["order"])
-
-
-def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,
-                 policy=None, ref_model=None, tools: ToolSetup | None = None) -> Batch:
-    """Sample G completions for each prompt row, score them, and compute their advantages: a Batch.
-
-    policy, ref_model: only for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward.
-    tools: the multi-turn rollout (tools/loop.py) instead of single-turn sampling.
-    With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned."""
-    G = cfg.num_generations
-    roll = _sample(cfg, engine, prompt_rows, max_len, tools)
-    rows = [r for r in prompt_rows for _ in range(G)]  # one dataset row per completion, grouped like the rollout
-
-    # Score: every reward function gets TRL's arguments — prompts, completions, and every dataset column.
-    prompts = [r["prompt"] for r in rows]  # strings, or lists of chat messages
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(roll.completion_ids, roll.completion_mask)]
-    if tools and roll.environments is not None:  # TRL's name: reward functions read each completion's environment
-        columns["environments"] = roll.environments
-    completions = roll.messages if tools else completions_for_rewards(prompts, roll.completions)
-    rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns)
-    rewards = combine_rewards(rewards_per_func, unscorable, reward_weights)  # (N,), NaN = unscorable
-    batch = Batch(roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask, roll.is_truncated,
-                  rewards, rewards_per_func, roll.completions, rows, sampling_logp=roll.sampling_logp)
-    if tools:
-        batch.tool_mask, batch.messages = roll.tool_mask, roll.messages
-        batch.tool_counts = {"calls": roll.num_tool_calls, "failed": roll.num_failed_calls,
-                             "turns": roll.num_tool_turns}
-    if cfg.kl_in_reward and cfg.beta > 0:
-        with torch.no_grad():
-            ids = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-            options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                           share_prompts=cfg.shared_prefix)
-            logp, _ = completion_logprobs(policy, *ids, **options)
-            ref_logp, _ = completion_logprobs(ref_model, *ids, **options)
-        batch.rewards = kl_penalized_rewards(rewards, logp.cpu(), ref_logp.cpu(), batch.policy_mask.cpu(), cfg.beta)
-    if cfg.num_remains_in_group:  # GFPO: train on the k shortest (or most reward per token) of each group
-        lengths = batch.policy_mask.sum(-1).cpu()
-        batch = batch.select(gfpo_keep(batch.rewards, lengths, G, cfg.num_remains_in_group, cfg.gfpo_filter))
-        G = cfg.num_remains_in_group
-
-    # Advantages need the group's rewards (always on this rank) or, for scale_rewards="batch", the whole batch's:
-    # with several processes, gather every rank's rewards, then keep this rank's share.
-    lengths = batch.policy_mask.sum(-1).cpu()  # (N,) the policy's tokens, for the estimators that weigh by length
-    batch_rewards, batch_lengths, batch_per_func = (torch.cat(distributed.gather_objects(x))  # (N * W, ...)
-                                                    for x in (batch.rewards, lengths, batch.rewards_per_func))
-    x = advantages.AdvantageInputs(batch_rewards, G, batch_lengths, cfg.scale_rewards, cfg.std_type, cfg.pass_k)
-    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # GDPO: each reward function normalised alone
-    adv, zero_std = advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
-                                                  rewards_per_func=batch_per_func if gdpo else None)
-    share = slice(distributed.rank() * len(batch), (distributed.rank() + 1) * len(batch))
-    batch.adv, batch.zero_std = adv[share], zero_std[share]
-    return batch
-
-
-def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None):
-    """G completions per row's prompt: the engine's single-turn sampling, or the multi-turn rollout with tools."""
-    sampling = sampling_options(cfg.temperature, cfg.top_p, cfg.top_k)
-    if tools is None:
-        return engine.generate([row["prompt"] for row in rows], num_generations=cfg.num_generations,
-                               max_completion_length=max_len, **sampling)
-    return tools.sample(engine, rows, num_generations=cfg.num_generations, max_completion_length=max_len,
-                        chat_template_kwargs=cfg.chat_template_kwargs, **sampling)
-
-
-def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, reward_weights: list[float], max_len: int,
-                  policy=None, ref_model=None, tools: ToolSetup | None = None) -> Batch:
-    """Steps 1-3 of the loop: a Batch of this process's generation_batch_size / W completions.
-
-    With dynamic_sampling (DAPO, Yu et al. 2025, sec. 3.2), groups whose rewards are all equal (advantage 0:
-    nothing to learn) are dropped and more prompts are sampled until the batch is full, for at most
-    max_dynamic_sampling_rounds rounds; the batch may then hold fewer groups. If no round found a single
-    useful group, the last round is kept whole (every advantage 0)."""
-    num_prompts = cfg.generation_batch_size // cfg.num_generations // distributed.world_size()
-    sample = lambda: sample_round(cfg, engine, sampler.take(num_prompts), reward_funcs, reward_weights,  # noqa: E731
-                                  max_len, policy, ref_model, tools)
-    batch = sample()
-    zero_std_sampled = [batch.zero_std]
-    if cfg.dynamic_sampling:
-        batch, zero_std_sampled = _dynamic_sampling(batch, sample, cfg.max_dynamic_sampling_rounds,
-                                                    pad_id=getattr(engine.tokenizer, "pad_token_id", None) or 0)
-    # The logged zero-std fraction is of what was *sampled*, so that dynamic sampling does not hide it.
-    batch.zero_std_sampled = torch.cat(zero_std_sampled)
-    batch.sampling_rounds = len(zero_std_sampled)
-    _warn_if_nothing_to_learn(batch, max_len)
-    return batch
-
-
-def _dynamic_sampling(first: Batch, sample, max_rounds: int, pad_id: int) -> tuple[Batch, list[torch.Tensor]]:
-    """DAPO's loop over rounds: keep the groups of each round whose rewards differ, until there are as many
-    completions as one round has. Returns the batch (trimmed to that size) and each round's zero_std."""
-    size = len(first)
-    kept, zero_std_sampled, part = [first.select(~first.zero_std)], [first.zero_std], first
-    while sum(len(p) for p in kept) < size and len(zero_std_sampled) < max_rounds:
-        part = sample()
-        zero_std_sampled.append(part.zero_std)
-        kept.append(part.select(~part.zero_std))
-    kept = [p for p in kept if len(p)]
-    if not kept:  # no round had a group to learn from: keep the last round as it is
-        kept = [part]
-    return Batch.concat(kept, pad_id, size), zero_std_sampled
-
-
-def _warn_if_nothing_to_learn(batch: Batch, max_len: int) -> None:
-    """Python's warnings say each of these once per run (same words every time)."""
-    if batch.is_truncated.float().mean() > 0.5:  # the classic trap: the answer never fits, every reward is 0
-        warnings.warn(f"over half of a batch's completions reached max_completion_length={max_len} without an eos; "
-                      f"cut-off answers usually score 0 and teach nothing: raise max_completion_length", stacklevel=3)
-    if batch.rewards.isnan().all():
-        warnings.warn("a step had nothing to learn from: every reward of its batch was None or NaN (do the reward "
-                      "functions apply to this task?); its loss is 0 and metrics.jsonl logs its reward as null",
-                      stacklevel=3)

@@ -29,7 +29,6 @@ needs the same number of processes (each resumes its own RNGs). Several machines
 folder every machine sees.
 """
 
-import dataclasses
 import json
 import os
 import random
@@ -43,8 +42,8 @@ import torch
 from . import distributed
 from .errors import MinigrpoError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "truncate_metrics", "CheckpointError",
-           "RESUMABLE_CHANGES", "start_or_resume"]
+__all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "list_checkpoints",
+           "truncate_metrics", "CheckpointError", "RESUMABLE_CHANGES"]
 
 CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")  # a file, or a folder of shards
 # Config keys that may differ between the interrupted run and its resumption: they do not change what is
@@ -90,7 +89,7 @@ def _atomic_torch_save(obj, path: Path) -> None:
         raise
 
 
-def _checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     """(step, path) of the whole checkpoints in ckpt_dir, oldest first; temporary files and folders are not listed."""
     if not ckpt_dir.is_dir():
         return []
@@ -140,7 +139,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer,
         path = ckpt_dir / f"step-{step:06d}.pt"
         _atomic_torch_save(state, path)
     if keep is not None and distributed.is_main():
-        for _, old in _checkpoints(ckpt_dir)[:-keep]:
+        for _, old in list_checkpoints(ckpt_dir)[:-keep]:
             if old.is_dir():
                 shutil.rmtree(old)
             else:
@@ -186,7 +185,7 @@ def latest_checkpoint(run_or_checkpoint: str | os.PathLike) -> Path:
     path = Path(run_or_checkpoint)
     if path.is_file() or (path / "state.pt").is_file():
         return path
-    found = _checkpoints(path / "checkpoints")
+    found = list_checkpoints(path / "checkpoints")
     if not found:
         raise CheckpointError(f"resume_from_checkpoint: no checkpoint in {path / 'checkpoints'} "
                               "(checkpoints are written every save_steps steps; was it 0?)")
@@ -281,25 +280,3 @@ def truncate_metrics(metrics_path: str | os.PathLike, last_step: int, copy_to: s
     with os.fdopen(fd, "w") as f:
         f.write("".join(line + "\n" for line in kept))
     os.replace(tmp, target)
-
-
-def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
-    """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
-    checkpoint restored into model, optimizer, scheduler, RNGs, sampler and reward functions, and the run's
-    metrics.jsonl and completions.jsonl cut back to its step. A fresh run refuses a directory that holds
-    another run's checkpoints."""
-    if cfg.resume_from_checkpoint:
-        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
-        defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
-        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
-                                                rank=distributed.rank(), world_size=distributed.world_size(),
-                                                config_defaults=defaults)
-        if distributed.is_main():
-            for name in ("metrics.jsonl", "completions.jsonl"):
-                truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
-        return start_step, run_state
-    if _checkpoints(out / "checkpoints"):
-        raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
-                              f"--resume {out}, or choose another --out")
-    return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
-

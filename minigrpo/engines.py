@@ -26,10 +26,9 @@ builds a contract-abiding Rollout from plain lists of token ids, for engines lik
 
 from typing import Protocol
 
-from .prompts import encode_prompts
 from .rollout import Rollout, continue_from_ids, sample_completions
 
-__all__ = ["RolloutEngine", "GenerateEngine", "make_engine", "sampling_options"]
+__all__ = ["RolloutEngine", "GenerateEngine", "sampling_options"]
 
 
 def sampling_options(temperature: float, top_p: float, top_k: int) -> dict:
@@ -69,22 +68,3 @@ class GenerateEngine:
 
     def sync_weights(self) -> None:
         pass
-
-
-def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completion_length: int | None = None
-                ) -> RolloutEngine:
-    """The engine the config asks for: vLLM with `use_vllm`, else the policy's own decode loop.
-
-    prompts, max_completion_length: the run's training prompts and completion budget; vLLM sizes its context
-    (max_model_len) and KV cache to the longest prompt plus the completion (else to the model's context)."""
-    if cfg.use_vllm:
-        from .rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
-
-        max_model_len = None
-        if prompts and max_completion_length:
-            longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.chat_template_kwargs))
-            max_model_len = longest + max_completion_length
-        return VLLMEngine(model, tokenizer, max_model_len=max_model_len, seed=cfg.seed,
-                          chat_template_kwargs=cfg.chat_template_kwargs, enable_sleep_mode=cfg.vllm_enable_sleep_mode,
-                          gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
-    return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)

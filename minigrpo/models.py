@@ -198,34 +198,6 @@ def adapter_base(name_or_path: str | os.PathLike) -> str | None:
     return json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
 
 
-def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
-    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too).
-
-    name_or_path may be a LoRA adapter (a run's model/ with use_peft): training then continues that adapter on
-    its base. Without use_peft an adapter is refused in one line: its merged model is what to train fully."""
-    base = adapter_base(name_or_path)
-    if base is not None and not cfg.use_peft:
-        raise ConfigError(f"model_name_or_path: {name_or_path} is a LoRA adapter (on {base}); continue training it "
-                          f"with use_peft, or train all weights of its merged model (minigrpo writes it beside the "
-                          f"adapter, as {Path(name_or_path).name}_merged)")
-    model = load_model(
-        base or name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
-        bnb_4bit_quant_type=cfg.bnb_4bit_quant_type, use_bnb_nested_quant=cfg.use_bnb_nested_quant,
-    )
-    if cfg.use_peft and base is not None:  # the adapter's own r, alpha and targets: cfg's lora_* do not apply
-        from peft import PeftModel, prepare_model_for_kbit_training
-
-        if getattr(model, "is_loaded_in_4bit", False):
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
-    elif cfg.use_peft:
-        model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                         target_modules=cfg.lora_target_modules)
-    if cfg.gradient_checkpointing or (cfg.fsdp_config or {}).get("activation_checkpointing"):  # the same thing
-        enable_gradient_checkpointing(model)
-    return model, load_tokenizer(name_or_path)
-
-
 def is_lora(model) -> bool:
     from peft import PeftModel
 

@@ -1,7 +1,7 @@
 """The PPO-with-a-critic training loop: trainer.train's loop with GRPO's group baseline replaced by a value network.
 
     for each step:
-        sample    G completions for each of (generation_batch_size / G) prompts      batch.collect_batch
+        sample    G completions for each of (generation_batch_size / G) prompts      collect.collect_batch
         score     every completion with every reward function                          rewards.py, tasks/
         targets   V(s_t) of the critic, GAE advantages A_t and returns, per token     ppo_critic.ppo_targets
         optimise  num_ppo_epochs x num_mini_batches steps of pg_loss + vf_coef vf_loss  ppo_critic.ppo_update
@@ -48,15 +48,15 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .advantages import group_advantages
-from .batch import PromptSampler, collect_batch
+from .batch import PromptSampler
+from .collect import collect_batch
 from .config import Config, ConfigError, coerce_value
-from .engines import make_engine
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
 from .models import parameter_counts, reference_policy, resolve_device
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError, reward_names
-from .run import eval_due, evaluator, finish_run, load_run, make_optimizer, vllm_correction, write_config
+from .run import eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, vllm_correction, write_config
 from .run_log import RunLog
 
 __all__ = ["PPOConfig", "train_ppo"]

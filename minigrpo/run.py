@@ -1,6 +1,7 @@
 """A run's set-up and wrap-up, shared by the three trainers (trainer.py, ppo_trainer.py, sft.py): which model,
-which rows and reward functions, the optimizer and its schedule, how to evaluate, the sampler's log-probs against
-ours, and what is written at the end.
+which rows and reward functions, the optimizer and its schedule, the rollout engine, a fresh start or a resume, how
+to evaluate, the sampler's log-probs against ours, and what is written at the end. Like the trainers, these read
+the Config; what they call (models.py, engines.py, checkpoint.py, ...) takes values.
 
     device = ...                          (trainer: joins the process group first)
     check the settings                    (each trainer its own: what it cannot honour is a one-line error)
@@ -9,8 +10,10 @@ ours, and what is written at the end.
     finish_run(...)                       save the policy, summary.json, plots/
 """
 
+import dataclasses
 import functools
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +21,16 @@ from pathlib import Path
 import torch
 import yaml
 
-from .batch import ToolSetup
 from . import distributed
+from .batch import ToolSetup
+from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, truncate_metrics
 from .config import Config, ConfigError
 from .engine_mismatch import importance_weights, mismatch_stats
+from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
 from .metrics import run_summary
-from .models import is_quantized, load_policy, parameter_counts, save_policy
+from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_quantized, load_model, load_tokenizer,
+                     parameter_counts, save_policy)
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
 from .rewards import build_reward_funcs
@@ -32,8 +38,9 @@ from .rollout import eos_token_ids
 from .tasks import Task, get_task
 from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
 
-__all__ = ["RunSetup", "load_run", "write_config", "policy_path", "prepare_task", "make_optimizer", "lr_lambda",
-           "evaluator", "eval_due", "vllm_correction", "finish_run", "tool_setup"]
+__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "policy_path",
+           "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "eval_due", "vllm_correction", "finish_run",
+           "tool_setup"]
 
 
 @dataclass
@@ -79,6 +86,74 @@ def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None
 def write_config(out: Path, cfg: Config, **extra) -> None:
     """output_dir/config.yaml: the Config's fields (then `extra`, which may override one), in field order."""
     (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), **extra}, sort_keys=False))
+
+
+def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
+    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too).
+
+    name_or_path may be a LoRA adapter (a run's model/ with use_peft): training then continues that adapter on
+    its base. Without use_peft an adapter is refused in one line: its merged model is what to train fully."""
+    base = adapter_base(name_or_path)
+    if base is not None and not cfg.use_peft:
+        raise ConfigError(f"model_name_or_path: {name_or_path} is a LoRA adapter (on {base}); continue training it "
+                          f"with use_peft, or train all weights of its merged model (minigrpo writes it beside the "
+                          f"adapter, as {Path(name_or_path).name}_merged)")
+    model = load_model(
+        base or name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
+        bnb_4bit_quant_type=cfg.bnb_4bit_quant_type, use_bnb_nested_quant=cfg.use_bnb_nested_quant,
+    )
+    if cfg.use_peft and base is not None:  # the adapter's own r, alpha and targets: cfg's lora_* do not apply
+        from peft import PeftModel, prepare_model_for_kbit_training
+
+        if getattr(model, "is_loaded_in_4bit", False):
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
+    elif cfg.use_peft:
+        model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
+                         target_modules=cfg.lora_target_modules)
+    if cfg.gradient_checkpointing or (cfg.fsdp_config or {}).get("activation_checkpointing"):  # the same thing
+        enable_gradient_checkpointing(model)
+    return model, load_tokenizer(name_or_path)
+
+
+def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completion_length: int | None = None
+                ) -> RolloutEngine:
+    """The engine the config asks for: vLLM with `use_vllm`, else the policy's own decode loop.
+
+    prompts, max_completion_length: the run's training prompts and completion budget; vLLM sizes its context
+    (max_model_len) and KV cache to the longest prompt plus the completion (else to the model's context)."""
+    if cfg.use_vllm:
+        from .rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
+
+        max_model_len = None
+        if prompts and max_completion_length:
+            longest = max(len(ids) for ids in encode_prompts(tokenizer, prompts, cfg.chat_template_kwargs))
+            max_model_len = longest + max_completion_length
+        return VLLMEngine(model, tokenizer, max_model_len=max_model_len, seed=cfg.seed,
+                          chat_template_kwargs=cfg.chat_template_kwargs, enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+                          gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+    return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)
+
+
+def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
+    """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
+    checkpoint restored into model, optimizer, scheduler, RNGs, sampler and reward functions, and the run's
+    metrics.jsonl and completions.jsonl cut back to its step. A fresh run refuses a directory that holds
+    another run's checkpoints."""
+    if cfg.resume_from_checkpoint:
+        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
+        defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
+                                                rank=distributed.rank(), world_size=distributed.world_size(),
+                                                config_defaults=defaults)
+        if distributed.is_main():
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
+        return start_step, run_state
+    if list_checkpoints(out / "checkpoints"):
+        raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
+                              f"--resume {out}, or choose another --out")
+    return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
 
 
 def policy_path(cfg: Config, task: Task):

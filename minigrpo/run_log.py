@@ -69,7 +69,7 @@ class RunLog:
 
     def log(self, step: int, row: dict, batch: dict, correct: list[bool]) -> None:
         """One step: its metrics line, and (for completions.jsonl or report_to) its first groups' completions.
-        batch: this process's (batch.py); correct: the task's verdict on each of its completions, in order."""
+        batch: this process's (batch.Batch); correct: the task's verdict on each of its completions, in order."""
         if not self.enabled:
             return
         completions = []

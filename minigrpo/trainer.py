@@ -1,7 +1,7 @@
 """The GRPO training loop, top to bottom.
 
     for each step:
-        sample    G completions for each of (generation_batch_size / G) prompts      batch.py, rollout.py
+        sample    G completions for each of (generation_batch_size / G) prompts      collect.py, rollout.py
                   (with tools: sample, run the calls, append their answers, sample ...) tools/
         score     every completion with every reward function                          rewards.py, tasks/
         advantage group-relative (or another estimator), per completion                advantages.py
@@ -38,18 +38,18 @@ import torch
 from tqdm.auto import tqdm
 
 from . import distributed
-from .batch import Batch, PromptSampler, collect_batch
-from .checkpoint import process_state, save_checkpoint, start_or_resume
+from .batch import Batch, PromptSampler
+from .collect import collect_batch
+from .checkpoint import process_state, save_checkpoint
 from .config import Config, ConfigError
 from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
-from .engines import make_engine
 from .isolation import take_failed_count
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
 from .rewards import reward_names
-from .run import (eval_due, evaluator, finish_run, load_run, make_optimizer, tool_setup, vllm_correction,
-                  write_config)
+from .run import (eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, start_or_resume, tool_setup,
+                  vllm_correction, write_config)
 from .run_log import RunLog
 
 __all__ = ["train", "prepare_update", "grpo_update"]
@@ -102,7 +102,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
                disable=not (progress and main), dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
-        # 1-3. Sample G completions per prompt, score them, group-relative advantages (batch.py).
+        # 1-3. Sample G completions per prompt, score them, group-relative advantages (collect.py).
         # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
         with run.autocast(), distributed.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from minigrpo.config import Config, ConfigError
-from minigrpo.engines import GenerateEngine, make_engine
+from minigrpo.engines import GenerateEngine
+from minigrpo.run import make_engine
 from minigrpo.rollout import rollout_from_ids
 from minigrpo.models import load_model_and_tokenizer
 from minigrpo.rollout import eos_token_ids, sample_completions

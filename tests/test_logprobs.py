@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minigrpo.config import Config
 from minigrpo.logprobs import completion_logprobs, head_logprobs, length_chunks, plain_completion_logprobs
-from minigrpo.models import load_model, load_policy, reference_policy
+from minigrpo.models import load_model, reference_policy
+from minigrpo.run import load_policy
 from minigrpo.tasks import get_task
 
 

@@ -11,7 +11,8 @@ import torch
 from minigrpo.batch import Batch
 from minigrpo.config import Config
 from minigrpo.logprobs import can_share_prompts, completion_logprobs, trimmed_chunks
-from minigrpo.models import load_policy, reference_policy
+from minigrpo.models import reference_policy
+from minigrpo.run import load_policy
 from minigrpo.objectives import LOSSES
 from minigrpo.trainer import grpo_update, prepare_update
 

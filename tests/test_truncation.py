@@ -8,7 +8,7 @@ from transformers import GenerationConfig, TopKLogitsWarper, TopPLogitsWarper
 
 from minigrpo.config import Config, ConfigError
 from minigrpo.logprobs import completion_logprobs, plain_completion_logprobs
-from minigrpo.models import load_policy
+from minigrpo.run import load_policy
 from minigrpo.rollout import eos_token_ids, next_token, sample_completions
 from minigrpo.truncation import drop_mask, truncate_logits
 

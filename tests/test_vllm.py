@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.vllm,
 
 from minigrpo.config import Config, ConfigError  # noqa: E402
 from minigrpo.logprobs import completion_logprobs  # noqa: E402
-from minigrpo.models import add_lora, load_model_and_tokenizer, load_policy  # noqa: E402
+from minigrpo.models import add_lora, load_model_and_tokenizer  # noqa: E402
+from minigrpo.run import load_policy  # noqa: E402
 from minigrpo.prompts import encode_prompts  # noqa: E402
 from minigrpo.rollout import continue_from_ids, eos_token_ids, sample_completions  # noqa: E402
 from test_engines import assert_rollout_contract  # noqa: E402

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from ..batch import collect_batch
+from ..collect import collect_batch
 from ..config import Config
 from ..engines import GenerateEngine
 from ..logprobs import completion_logprobs
