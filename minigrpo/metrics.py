@@ -1,4 +1,4 @@
-"""What a run reports: one line of metrics.jsonl per step, and summary.json at the end (both trainers).
+"""What a run reports: one line of metrics.jsonl per step (every trainer); summary.json is run.run_summary's.
 
 Names follow TRL's GRPOTrainer where TRL logs the same quantity, so its users find them where they look:
 
@@ -24,7 +24,7 @@ import torch
 
 from . import distributed
 
-__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "run_summary"]
+__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "finite_or_none"]
 
 def gather_batch(batch, task) -> dict:
     """What step_metrics reads of a Batch, as CPU tensors, concatenated over the processes in rank order (so
@@ -122,21 +122,3 @@ def finite_or_none(x):
     if isinstance(x, list):
         return [finite_or_none(v) for v in x]
     return x
-
-
-def run_summary(cfg, task, model_name, *, before: dict, after: dict, num_test_problems: int, wall_seconds: float,
-                device, quantized: bool, params: tuple[int, int], peak_memory_bytes: int, **extra) -> dict:
-    """summary.json: the run's settings that matter for comparing runs, accuracy and completion length before
-    and after training, cost. extra: what one trainer adds (PPO: its critic's size and settings)."""
-    return finite_or_none({
-        "task": task.name, "model": str(model_name), "dataset": cfg.dataset_name, "loss_type": cfg.loss_type,
-        "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
-        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
-        "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),
-        "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
-        "eval_before": before, "eval_after": after, "num_test_problems": num_test_problems,
-        "device": str(device), "torch": torch.__version__,
-        "quantized": quantized, "trainable_params": params[0], "total_params": params[1],
-        "peak_memory_bytes": peak_memory_bytes,  # CUDA peak allocated, or the process's peak RSS on CPU
-        **extra,
-    })

@@ -55,9 +55,9 @@ from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
 from .models import parameter_counts, reference_policy, resolve_device
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
-from .rewards import RewardError, reward_names
-from .run import eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, vllm_correction, write_config
-from .run_log import RunLog
+from .rewards import RewardError
+from .run import (eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log, vllm_correction,
+                  write_config)
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -163,7 +163,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}])
     sampler = PromptSampler(run.train_rows, cfg.seed)
     write_config(run.out, cfg, algorithm="ppo", ppo=ppo.to_dict())
-    log = RunLog(run.out, cfg, reward_names(run.reward_funcs))
+    log = open_log(cfg, run.out, run.reward_funcs)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
 

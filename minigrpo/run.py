@@ -28,17 +28,18 @@ from .config import Config, ConfigError
 from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
-from .metrics import run_summary
+from .metrics import finite_or_none
 from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_quantized, load_model, load_tokenizer,
                      parameter_counts, save_policy)
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
-from .rewards import build_reward_funcs
+from .rewards import build_reward_funcs, reward_names
 from .rollout import eos_token_ids
+from .run_log import RunLog
 from .tasks import Task, get_task
 from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
 
-__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "policy_path",
+__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log", "policy_path",
            "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "eval_due", "vllm_correction", "finish_run",
            "tool_setup"]
 
@@ -154,6 +155,31 @@ def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
         raise CheckpointError(f"output_dir: {out} holds checkpoints of an earlier run; continue it with "
                               f"--resume {out}, or choose another --out")
     return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
+
+
+def run_summary(cfg, task, model_name, *, before: dict, after: dict, num_test_problems: int, wall_seconds: float,
+                device, quantized: bool, params: tuple[int, int], peak_memory_bytes: int, **extra) -> dict:
+    """summary.json: the run's settings that matter for comparing runs, accuracy and completion length before
+    and after training, cost. extra: what one trainer adds (PPO: its critic's size and settings)."""
+    return finite_or_none({
+        "task": task.name, "model": str(model_name), "dataset": cfg.dataset_name, "loss_type": cfg.loss_type,
+        "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
+        "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
+        "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),
+        "completion_length_before": before["mean_length_greedy"], "completion_length_after": after["mean_length_greedy"],
+        "eval_before": before, "eval_after": after, "num_test_problems": num_test_problems,
+        "device": str(device), "torch": torch.__version__,
+        "quantized": quantized, "trainable_params": params[0], "total_params": params[1],
+        "peak_memory_bytes": peak_memory_bytes,  # CUDA peak allocated, or the process's peak RSS on CPU
+        **extra,
+    })
+
+
+def open_log(cfg: Config, out: Path, reward_funcs: list, *, resume_step: int = 0, enabled: bool = True) -> RunLog:
+    """The run's metrics.jsonl and completions.jsonl (and report_to's loggers), as the Config asks."""
+    return RunLog(out, reward_names(reward_funcs), group_size=cfg.group_size, log_completions=cfg.log_completions,
+                  log_completions_groups=cfg.log_completions_groups, report_to=cfg.report_to, config=cfg.to_dict(),
+                  resume_step=resume_step, enabled=enabled)
 
 
 def policy_path(cfg: Config, task: Task):

@@ -57,15 +57,21 @@ class RunLog:
     """The run's log files (and report_to's loggers), opened once. `resume_step` > 0 appends to what a resumed
     run left (checkpoint.py has already cut both files back to that step)."""
 
-    def __init__(self, out: Path, cfg, reward_names: list[str], *, resume_step: int = 0, enabled: bool = True):
-        self.enabled, self.cfg, self.reward_names, self.writers = enabled, cfg, reward_names, []
+    def __init__(self, out: Path, reward_names: list[str], *, group_size: int, log_completions: bool = True,
+                 log_completions_groups: int = 2, report_to: list[str] | None = None, config: dict | None = None,
+                 resume_step: int = 0, enabled: bool = True):
+        """group_size: completions per prompt (groups are consecutive rows); log_completions(_groups): whether to
+        write completions.jsonl, and how many groups per step; report_to: "tensorboard", "wandb"; config: the
+        run's settings, for W&B's run page."""
+        self.enabled, self.reward_names, self.writers = enabled, reward_names, []
+        self.group_size, self.log_completions_groups = group_size, log_completions_groups
         if not enabled:
             return
         mode = "a" if resume_step else "w"
         self.metrics = open(out / "metrics.jsonl", mode)
-        self.completions = open(out / "completions.jsonl", mode) if cfg.log_completions else None
-        for name in cfg.report_to or ():
-            self.writers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(out, cfg))
+        self.completions = open(out / "completions.jsonl", mode) if log_completions else None
+        for name in report_to or ():
+            self.writers.append(_TensorBoard(out) if name == "tensorboard" else _WandB(out, config or {}))
 
     def log(self, step: int, row: dict, batch: dict, correct: list[bool]) -> None:
         """One step: its metrics line, and (for completions.jsonl or report_to) its first groups' completions.
@@ -74,8 +80,8 @@ class RunLog:
             return
         completions = []
         if self.completions is not None or self.writers:
-            completions = completion_records(step, batch, self.reward_names, correct, self.cfg.log_completions_groups,
-                                             self.cfg.group_size)
+            completions = completion_records(step, batch, self.reward_names, correct, self.log_completions_groups,
+                                             self.group_size)
         self.metrics.write(json_line(row))
         self.metrics.flush()
         if self.completions is not None and completions:
@@ -125,14 +131,14 @@ class _TensorBoard:
 
 
 class _WandB:
-    def __init__(self, out: Path, cfg):
+    def __init__(self, out: Path, config: dict):
         try:
             import wandb
         except ImportError as exc:
             raise ConfigError(f"report_to: wandb needs the wandb package ({exc}); pip install wandb") from None
         self.wandb = wandb
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "minigrpo"), dir=str(out), config=cfg.to_dict(),
-                              name=Path(cfg.output_dir).name, mode=os.environ.get("WANDB_MODE", "offline"),
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "minigrpo"), dir=str(out), config=config,
+                              name=out.name, mode=os.environ.get("WANDB_MODE", "offline"),
                               reinit="create_new")
 
     def log(self, step, scalars, completions):

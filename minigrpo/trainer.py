@@ -47,10 +47,8 @@ from .isolation import take_failed_count
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
-from .rewards import reward_names
-from .run import (eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, start_or_resume, tool_setup,
-                  vllm_correction, write_config)
-from .run_log import RunLog
+from .run import (eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log, start_or_resume,
+                  tool_setup, vllm_correction, write_config)
 
 __all__ = ["train", "prepare_update", "grpo_update"]
 
@@ -90,7 +88,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len)
     if main:  # one process writes the run directory
         write_config(out, cfg, resume_from_checkpoint=None)  # resuming is an action, not a setting
-    log = RunLog(out, cfg, reward_names(reward_funcs), resume_step=start_step, enabled=main)
+    log = open_log(cfg, out, reward_funcs, resume_step=start_step, enabled=main)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
     take_failed_count()  # verifier failures are counted from this run's first step
     if run_state["before"] is None:
