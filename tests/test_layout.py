@@ -59,3 +59,20 @@ def test_the_library_does_not_import_the_lab_at_import_time(path):
         if isinstance(node, ast.ImportFrom):
             module = "." * node.level + (node.module or "")
             assert "lab" not in module.split("."), f"{path.name}: {module} imported at module level"
+
+
+LOOP_FLOOR = {"trainer.py", "ppo_trainer.py", "sft.py", "run.py", "collect.py", "config.py"}
+
+
+@pytest.mark.parametrize("path", [p for p in LIBRARY if p.name not in LOOP_FLOOR or p.parent != PACKAGE],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_loop_floor_reads_the_config(path):
+    # Below the trainers (and run.py / collect.py, their set-up and steps 1-3), functions take values: a student
+    # lifts a module with torch alone, without building a validated Config.
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "config":
+            assert all(a.name != "Config" for a in node.names), f"{path.name} imports Config"
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = [a.arg for a in node.args.args + node.args.kwonlyargs]
+            assert "cfg" not in args, f"{path.name}: {node.name}(cfg, ...) reads the Config"
