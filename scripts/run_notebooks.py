@@ -11,7 +11,8 @@ Each notebook ends with exercises ("## Try this"). An exercise that asks for an 
 that `exercises()` can read it and tests/test_notebook_exercises.py can apply it and run the notebook as edited.
 
 Each notebook runs in a fresh kernel whose working directory is notebooks/ and which imports minigrpo from this
-checkout (PYTHONPATH is set to the repository root), whatever else is installed.
+checkout (PYTHONPATH is set to the repository root), whatever else is installed. (The exercise tests run a notebook's
+exercises one after another in one kernel instead, each from a fresh start: `ExerciseKernel`.)
 
 On a CPU shared with other jobs, use --threads 1: with more torch threads than free cores, OpenMP's busy-waiting
 made generation 8x slower here (47 s instead of 6 s for a batch of 128 completions).
@@ -20,6 +21,7 @@ made generation 8x slower here (47 s instead of 6 s for a batch of 128 completio
 import argparse
 import ast
 import builtins
+import contextlib
 import copy
 import os
 import re
@@ -44,6 +46,17 @@ def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: in
     notebook's folder). notebook: run this (e.g. an exercise's edited copy) instead of the file at `path`.
     """
     notebook = nbformat.read(path, as_version=4) if notebook is None else notebook
+    with kernel_environment(fast=fast, threads=threads):
+        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(workdir or path.parent)}})
+        client.execute()
+    return notebook
+
+
+@contextlib.contextmanager
+def kernel_environment(*, fast: bool, threads: int | None):
+    """While inside, this process's environment is what a kernel started now inherits: MINIGRPO_FAST, PYTHONPATH
+    with this checkout first, and OMP_NUM_THREADS when `threads` is given. Restored on the way out."""
     env = {"MINIGRPO_FAST": "1" if fast else "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if threads is not None:
@@ -51,16 +64,131 @@ def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: in
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
-        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(workdir or path.parent)}})
-        client.execute()
+        yield
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return notebook
+
+
+# Run in an ExerciseKernel once, before any notebook cell: what a fresh kernel holds, for _FRESH_START to put back.
+# Kept in a module of its own because resetting IPython's namespace would drop it from there.
+_TAKE_FRESH_STATE = """
+def _take_fresh_state():
+    import sys, types, warnings
+    import torch
+    fresh = types.ModuleType("exercise_kernel_fresh_state")
+    fresh.warning_filters = list(warnings.filters)
+    fresh.torch_rng_state = torch.get_rng_state()
+    fresh.torch_threads = torch.get_num_threads()
+    fresh.torch_dtype = torch.get_default_dtype()
+    fresh.torch_grad = torch.is_grad_enabled()
+    sys.modules[fresh.__name__] = fresh
+_take_fresh_state()
+del _take_fresh_state
+"""
+
+# Run in an ExerciseKernel before each notebook: IPython's namespace emptied (%reset: names, In/Out and what they
+# held), then a fresh kernel's working directory, warnings filters and torch settings (RNG state, threads, default
+# dtype, grad mode).
+_FRESH_START = """
+def _fresh_start(workdir):
+    import gc, os, sys, warnings
+    import torch
+    fresh = sys.modules["exercise_kernel_fresh_state"]
+    get_ipython().reset(new_session=False)
+    gc.collect()
+    os.chdir(workdir)
+    warnings.resetwarnings()  # public API that also invalidates the modules' "already warned" records
+    warnings.filters.extend(fresh.warning_filters)
+    torch.set_rng_state(fresh.torch_rng_state)
+    torch.set_num_threads(fresh.torch_threads)
+    torch.set_default_dtype(fresh.torch_dtype)
+    torch.set_grad_enabled(fresh.torch_grad)
+_fresh_start({workdir!r})
+"""
+
+
+class ExerciseKernel:
+    """One started kernel that runs notebooks (an exercise's edited copy, say) one after another, each as it would
+    run in a fresh kernel started in its own working directory, but without starting one.
+
+    Starting a kernel, importing torch, transformers and minigrpo in it and paying for their first use (the modules
+    they import lazily, say) takes seconds, often more than an exercise's own cells in fast mode; the exercise tests
+    pay it once per notebook instead of once per exercise. Before each notebook the kernel's namespace is emptied
+    (IPython's reset: a cell cannot read a name an earlier notebook defined, and what those names held is freed),
+    its working directory is the one given (live runs are written there, so no notebook sees another's run
+    folders), and warnings filters and torch's settings (RNG state, threads, default dtype, grad mode) are a fresh
+    kernel's.
+
+    What it does not undo: imported modules stay imported, with their state. That is the saving, and it is safe for
+    what the notebooks do today: they import and call, the package's caches and kept-alive workers (a verifier's
+    worker process) behave the same on a second use, and the library settings their set-up cells change (log
+    levels, progress bars, print options) change what is printed, not whether a cell raises. A cell that adds to a
+    module's tables (registering a loss type or an advantage estimator by name) would leak into the next notebook:
+    run such a notebook in a kernel of its own (`shares_kernel_safely`). A cell that raises, or a kernel that dies,
+    ends this kernel: `run` shuts it down before the error propagates, so a failure leaves nothing behind.
+
+        kernel = ExerciseKernel(fast=True, threads=1, workdir=tmp_dir)
+        kernel.run(edited, workdir=tmp_dir_of_this_exercise)   # raises CellExecutionError like execute_notebook
+        kernel.close()
+    """
+
+    def __init__(self, *, fast: bool, timeout: int = 1800, threads: int | None = None, workdir: Path):
+        self.client = NotebookClient(nbformat.v4.new_notebook(), timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(workdir)}})
+        self._kernel = contextlib.ExitStack()
+        with kernel_environment(fast=fast, threads=threads):
+            self._kernel.enter_context(self.client.setup_kernel())
+        try:
+            self._run_harness(_TAKE_FRESH_STATE)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        """False once the kernel is shut down (close(), or a notebook that failed in it)."""
+        return self.client.kc is not None
+
+    def run(self, notebook: nbformat.NotebookNode, *, workdir: Path) -> nbformat.NotebookNode:
+        """Run every cell of `notebook` (in place, as execute_notebook does) from a fresh start in `workdir`; the
+        first failing cell raises (CellExecutionError), after the kernel is shut down."""
+        if not self.alive:
+            raise RuntimeError("this kernel was shut down (a notebook failed in it, or close() was called)")
+        try:
+            self._run_harness(_FRESH_START.format(workdir=str(workdir)))
+            self.client.nb = notebook
+            self.client.reset_execution_trackers()
+            for index, cell in enumerate(notebook.cells):
+                self.client.execute_cell(cell, index, execution_count=self.client.code_cells_executed + 1)
+        except BaseException:
+            self.close()
+            raise
+        return notebook
+
+    def close(self) -> None:
+        """Shut the kernel down; a second call does nothing."""
+        self._kernel.close()
+
+    def _run_harness(self, source: str) -> None:
+        # Outside the notebook and its history: a cell of its own, not stored in In/Out.
+        cell = nbformat.v4.new_code_cell(source)
+        self.client.nb = nbformat.v4.new_notebook(cells=[cell])
+        self.client.execute_cell(cell, 0, store_history=False)
+
+
+# Code that changes a module's state for later cells, which an ExerciseKernel does not undo.
+_MODULE_STATE = re.compile(r"\bregister_\w+\s*\(|@\s*register_\w+")
+
+
+def shares_kernel_safely(notebook: nbformat.NotebookNode) -> bool:
+    """Whether running `notebook` (an exercise's edited copy: an edit may add a registration) leaves nothing in the
+    modules of an ExerciseKernel that the next notebook run in it could see: False when a code cell registers
+    something by name (a loss type, an advantage estimator)."""
+    return not any(c.cell_type == "code" and _MODULE_STATE.search(c.source) for c in notebook.cells)
 
 
 @dataclass
