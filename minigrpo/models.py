@@ -15,10 +15,12 @@ What fits on one consumer GPU (8-24 GB) is decided here, not in the trainer:
 peft and bitsandbytes do the work; this file only decides what to ask them for.
 """
 
+import contextlib
 import copy
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -151,6 +153,16 @@ def default_lora_target_modules(model) -> list[str] | str:
     return LORA_TARGET_MODULES.get(getattr(model.config, "model_type", None), "all-linear")
 
 
+@contextlib.contextmanager
+def peft_wrapping():
+    """peft (0.21) asks transformers (>= 5.20) for `is_gradient_checkpointing` whenever it wraps a model, a name
+    transformers now deprecates with a FutureWarning on every LoRA run; the answer is the same under the new name, so
+    the note is silenced here, and only here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, target_modules=None):
     """Freeze `model` and wrap it in a peft LoRA adapter; only the adapter's A and B are trainable.
 
@@ -166,7 +178,8 @@ def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, ta
         r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
         target_modules=target_modules or default_lora_target_modules(model),
     )
-    return get_peft_model(model, lora)
+    with peft_wrapping():
+        return get_peft_model(model, lora)
 
 
 def enable_gradient_checkpointing(model):
@@ -281,7 +294,8 @@ def save_policy(model, tokenizer, out_dir: str | os.PathLike, *, base_name_or_pa
     base_name_or_path = base_name_or_path or model.peft_config["default"].base_model_name_or_path
     base_name_or_path = adapter_base(base_name_or_path) or base_name_or_path  # trained on from an adapter: its base
     base = load_model(base_name_or_path, "cpu", dtype=dtype)
-    merged = PeftModel.from_pretrained(base, out_dir).merge_and_unload()
+    with peft_wrapping():
+        merged = PeftModel.from_pretrained(base, out_dir).merge_and_unload()
     merged_dir = out_dir.with_name(out_dir.name + "_merged")
     merged.save_pretrained(merged_dir)
     tokenizer.save_pretrained(merged_dir)

@@ -30,7 +30,7 @@ from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
 from .metrics import finite_or_none
 from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_quantized, load_model, load_tokenizer,
-                     parameter_counts, save_policy)
+                     parameter_counts, peft_wrapping, save_policy)
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
 from .rewards import build_reward_funcs, reward_names
@@ -108,7 +108,8 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device):
 
         if getattr(model, "is_loaded_in_4bit", False):
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
+        with peft_wrapping():
+            model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
     elif cfg.use_peft:
         model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
                          target_modules=cfg.lora_target_modules)

@@ -1,6 +1,7 @@
 """LoRA and QLoRA: real bitsandbytes 4-bit layers on the CPU, the adapter-off reference, saving round-trips."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -193,3 +194,12 @@ def test_training_continues_from_a_saved_adapter(tmp_path, random_model_dir):
                    reward_funcs=[always_half], progress=False)
     assert second["eval_before"]["accuracy_greedy"] == first["eval_after"]["accuracy_greedy"]
     assert (tmp_path / "b" / "model_merged" / "config.json").exists()  # merged onto the adapter's base, once
+
+
+def test_wrapping_a_model_in_lora_prints_no_deprecation_note(random_model_dir):
+    # peft asks transformers for a deprecated name whenever it wraps a model; a user's LoRA run must not show it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        add_lora(load_model(random_model_dir), r=4)
+    assert not [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))], \
+        [str(w.message) for w in caught]

@@ -52,10 +52,11 @@ def make_batch(seed: int, adv_dim: int = 1):
 # ---------------------------------------------------------------------------------------------------------
 class TestTRL:
     @pytest.fixture(autouse=True, scope="class")
-    def _trl(self):
+    @classmethod
+    def _trl(cls):
         pytest.importorskip("trl")
         grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
-        type(self).GRPOTrainer = grpo_trainer.GRPOTrainer
+        cls.GRPOTrainer = grpo_trainer.GRPOTrainer
 
     def fake(self, logp, entropies, cfg):
         """A `self` for GRPOTrainer._compute_loss: the attributes it reads on the paths exercised here."""
