@@ -132,6 +132,8 @@ def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
         ) from exc
     from transformers import AutoModelForCausalLM, PrinterCallback
 
+    # TRL 1.16 reads transformers' deprecated `is_gradient_checkpointing` around every generation of its steps
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     with warnings.catch_warnings():  # transformers renamed gradient_checkpointing; TRL still sets it
         warnings.simplefilter("ignore", FutureWarning)
         config = trl.GRPOConfig(
