@@ -39,9 +39,9 @@ from .run_log import RunLog
 from .tasks import Task, get_task
 from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
 
-__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log", "policy_path",
-           "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "eval_due", "vllm_correction", "finish_run",
-           "tool_setup"]
+__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
+           "policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "eval_due", "vllm_correction",
+           "run_summary", "finish_run", "tool_setup"]
 
 
 @dataclass
