@@ -75,3 +75,11 @@ def test_train_sft_stops_on_its_time_budget(tmp_path, random_model_dir):
 def test_train_sft_refuses_a_task_without_a_generator(tmp_path):
     with pytest.raises(ConfigError, match="task: train_sft draws problems from a task's generator"):
         train_sft(Config(task="gsm8k", output_dir=str(tmp_path / "sft")), progress=False)
+
+
+@pytest.mark.parametrize("setting", [dict(use_vllm=True), dict(fsdp="full_shard"), dict(save_steps=5),
+                                     dict(resume_from_checkpoint="runs/x"), dict(report_to=["tensorboard"])])
+def test_train_sft_refuses_what_it_would_ignore(tmp_path, setting):
+    (key,) = setting
+    with pytest.raises(ConfigError, match=f"{key}: not supported by train_sft"):
+        train_sft(Config(task="addition", output_dir=str(tmp_path / "sft"), **setting), progress=False)
