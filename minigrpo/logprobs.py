@@ -83,7 +83,8 @@ def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
     mask = completion_mask.float()
     entropy = None
     if with_entropy:  # H = -sum_v p_v log p_v, a dropped token (p_v = 0) adding 0
-        entropy = -(logp_all.exp() * logp_all.masked_fill(logp_all.isinf(), 0.0)).sum(-1) * mask
+        finite = logp_all.masked_fill(logp_all.isinf(), 0.0) if truncates(top_k, top_p) else logp_all
+        entropy = -(logp_all.exp() * finite).sum(-1) * mask
         entropy = entropy if entropy_grad else entropy.detach()
     return logp * mask, entropy
 
@@ -337,7 +338,8 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.T
 
     Differentiable in hidden and weight (ChunkedHeadLogprobs); without a gradient to compute, the blocks run once.
     Matrix products run in autocast's dtype when autocast is on (bfloat16 on a GPU), in the weight's otherwise;
-    log-softmax in float32, as the plain path does.
+    log-softmax in float32, as the plain path does. At most two (block_tokens x V) tensors exist at once, forward
+    or backward (tests/test_logprobs.py measures it).
     """
     compute_dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(
         hidden.device.type) else weight.dtype
@@ -362,28 +364,57 @@ def _block_logits(hidden_block, weight, temperature, token_ids, truncation):
 
 def _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype,
                   with_expected_weight, truncation=(0, 1.0)):
-    """Per block: logits (n, V), log Z = logsumexp, log pi(o) = logit[o] - log Z; with softmax p = exp(logits - log Z)
-    the entropy H = log Z - sum_v p_v logit_v and the expected head row E_p[w] = p @ W (n, H), which backward needs
-    for the hidden states' gradient. Returns (logp, entropy or None, expected_weight or None), all (N, ...)."""
+    """The head over `block_tokens` tokens at a time (_block_forward). Returns (logp, entropy or None,
+    expected_weight or None), all (N, ...)."""
     N = hidden.shape[0]
     weight_c = weight.to(compute_dtype)  # cast once, not per block (a no-op when the dtypes agree)
     logp = hidden.new_empty(N, dtype=torch.float32)
-    entropy = hidden.new_empty(N, dtype=torch.float32) if with_entropy else None
+    entropy = torch.empty_like(logp) if with_entropy else None
     expected_weight = hidden.new_empty(N, weight.shape[1], dtype=torch.float32) if with_expected_weight else None
     for start in range(0, N, block_tokens):
         block = slice(start, start + block_tokens)
-        logits = _block_logits(hidden[block].to(compute_dtype), weight_c, temperature, token_ids[block],
-                               truncation)  # (n, V)
-        log_z = logits.logsumexp(dim=-1)  # (n,)
-        logp[block] = logits.gather(-1, token_ids[block].unsqueeze(-1)).squeeze(-1) - log_z
-        if with_entropy or with_expected_weight:
-            probs = (logits - log_z.unsqueeze(-1)).exp_()  # (n, V), the softmax (0 where a token is dropped)
-            if with_entropy:
-                finite = logits.masked_fill(logits.isinf(), 0.0) if truncates(*truncation) else logits
-                entropy[block] = log_z - (probs * finite).sum(-1)
-            if with_expected_weight:
-                expected_weight[block] = (probs.to(compute_dtype) @ weight_c).float()  # (n, H)
+        _block_forward(hidden[block].to(compute_dtype), weight_c, token_ids[block], temperature, truncation,
+                       logp[block], None if entropy is None else entropy[block],
+                       None if expected_weight is None else expected_weight[block])
     return logp, entropy, expected_weight
+
+
+def _block_forward(hidden_block, weight, token_ids, temperature, truncation, logp, entropy, expected_weight):
+    """One block: logits (n, V), log Z = logsumexp, log pi(o) = logit[o] - log Z; with the softmax
+    p = exp(logits - log Z), the entropy H = log Z - sum_v p_v logit_v and the expected head row E_p[w] = p @ W
+    (n, H), which backward needs for the hidden states' gradient. Results go into the given (n,) / (n, H) views.
+
+    Memory: the block's (n, V) tensors are this function's locals, so none outlives the block, and there are two
+    at most (the logits and the softmax; logsumexp's own temporary comes and goes before the softmax exists). The
+    entropy's product overwrites the logits, which nothing needs by then."""
+    logits = _block_logits(hidden_block, weight, temperature, token_ids, truncation)  # (n, V)
+    log_z = logits.logsumexp(dim=-1)  # (n,)
+    logp.copy_(logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - log_z)
+    if entropy is None and expected_weight is None:
+        return
+    probs = (logits - log_z.unsqueeze(-1)).exp_()  # (n, V), the softmax (0 where a token is dropped)
+    if expected_weight is not None:
+        expected_weight.copy_(probs.to(weight.dtype) @ weight)
+    if entropy is not None:
+        if truncates(*truncation):  # a dropped token: logit -inf, p 0, and adds 0 to the sum
+            logits.masked_fill_(logits.isinf(), 0.0)
+        entropy.copy_(log_z - logits.mul_(probs).sum(-1))
+
+
+def _block_weight_grad(grad_weight, hidden_block, weight, token_ids, scale, temperature, truncation):
+    """Adds one block's dL/dW = (g / tau) (onehot(o) - p)^T h into grad_weight (V, H). The block's logits are
+    recomputed (the forward's own product, hence the same kept set); at most two (n, V) tensors exist, the logits
+    until their softmax is made, then the softmax, turned into dL/dlogits in place; both are freed on return."""
+    logits = _block_logits(hidden_block, weight, temperature, token_ids, truncation)  # (n, V)
+    probs = logits.softmax(dim=-1)
+    del logits
+    grad_logits = probs.mul_(-scale.unsqueeze(-1))  # -(g / tau) p
+    grad_logits[torch.arange(len(grad_logits)), token_ids] += scale  # + (g / tau) onehot(o)
+    grad_logits = grad_logits.to(weight.dtype)
+    if grad_weight.dtype == weight.dtype:  # summed in place: no (V, H) temporary per block
+        grad_weight.addmm_(grad_logits.T, hidden_block)
+    else:  # autocast: each block's product in its dtype, summed in the weight's
+        grad_weight += (grad_logits.T @ hidden_block).to(grad_weight.dtype)
 
 
 class ChunkedHeadLogprobs(torch.autograd.Function):
@@ -428,15 +459,6 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
             weight_c = weight.to(ctx.compute_dtype)
             for start in range(0, hidden.shape[0], ctx.block_tokens):
                 block = slice(start, start + ctx.block_tokens)
-                hidden_block = hidden[block].to(ctx.compute_dtype)
-                logits = _block_logits(hidden_block, weight_c, ctx.temperature, token_ids[block],
-                                       ctx.truncation)  # (n, V), recomputed: the same kept set
-                probs = logits.softmax(dim=-1)
-                grad_logits = probs.mul_(-scale[block].unsqueeze(-1))  # -(g / tau) p
-                grad_logits[torch.arange(len(grad_logits)), token_ids[block]] += scale[block]  # + (g / tau) onehot(o)
-                grad_logits = grad_logits.to(ctx.compute_dtype)
-                if weight.dtype == ctx.compute_dtype:  # summed in place: no (V, H) temporary per block
-                    grad_weight.addmm_(grad_logits.T, hidden_block)
-                else:  # autocast: each block's product in its dtype, summed in the weight's
-                    grad_weight += (grad_logits.T @ hidden_block).to(weight.dtype)
+                _block_weight_grad(grad_weight, hidden[block].to(ctx.compute_dtype), weight_c, token_ids[block],
+                                   scale[block], ctx.temperature, ctx.truncation)
         return grad_hidden, grad_weight, None, None, None, None, None, None

@@ -8,7 +8,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minigrpo.config import Config
-from minigrpo.logprobs import completion_logprobs, head_logprobs, length_chunks, plain_completion_logprobs
+from minigrpo.lab.live_tensors import LiveTensorBytes
+from minigrpo.logprobs import (completion_hidden_states, completion_logprobs, head_logprobs,
+                               length_chunks, plain_completion_logprobs)
 from minigrpo.models import load_model, reference_policy
 from minigrpo.run import load_policy
 from minigrpo.tasks import get_task
@@ -86,6 +88,61 @@ def test_no_logits_larger_than_one_block_exist_forward_or_backward():
         sizes[name] = largest.positions
     assert sizes["plain"] >= B * T  # the plain path holds every position's logits
     assert sizes["blocks"] <= 5  # the fast path: one block of 5 positions at most
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Memory at Qwen2.5's 151,936-token vocabulary, counted tensor by tensor (live_tensors.LiveTensorBytes: the same
+# figure on every run).
+# ---------------------------------------------------------------------------------------------------------
+QWEN_VOCABULARY = 151936
+
+
+@pytest.mark.parametrize("frozen_head", [True, False], ids=["frozen-head", "trained-head"])
+def test_the_head_holds_two_blocks_of_logits_at_most(frozen_head):
+    # Blocks of 20 tokens, 3 and a bit of them: a block's (n, V) tensors must be gone before the next block's
+    # exist. Forward holds the logits and the softmax (2 blocks); backward recomputes the logits and turns them
+    # into dL/dlogits in place (1 block) beside the head's gradient (V, H). The rest is (N,) or (N, H): small.
+    g = torch.Generator().manual_seed(0)
+    V, H, N, n = QWEN_VOCABULARY, 16, 67, 20
+    hidden = torch.randn(N, H, generator=g, requires_grad=True)
+    weight = (torch.randn(V, H, generator=g) * 0.1).requires_grad_(not frozen_head)
+    token_ids = torch.randint(0, V, (N,), generator=g)
+    with LiveTensorBytes() as live:
+        logp, _ = head_logprobs(hidden, weight, token_ids, with_entropy=True, block_tokens=n)
+        logp.sum().backward()
+    head_gradient = 0 if frozen_head else V * H * 4
+    assert live.peak <= 2 * n * V * 4 + head_gradient + 16 * N * (H + 1) * 4
+
+
+def test_the_log_prob_pass_adds_under_a_quarter_of_a_logits_copy_to_its_body():
+    # The issue's memory measurement (minigrpo bench-logprobs --only memory) at a narrow width: tied head frozen
+    # (as under LoRA), 2 prompts x G = 4 completions of 64-256 tokens, with entropy, forward + backward. What the
+    # log-prob pass adds to its body alone is at most 0.25 of one float32 copy of the logits (rows x 256 x V).
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=QWEN_VOCABULARY, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         tie_word_embeddings=True))
+    model.get_output_embeddings().weight.requires_grad_(False)
+    g = torch.Generator().manual_seed(1)
+    G, U, P, T = 4, 2, 32, 256
+    prompt_ids = torch.randint(3, QWEN_VOCABULARY, (U, P), generator=g).repeat_interleave(G, dim=0)
+    lengths = torch.randint(64, T + 1, (U * G,), generator=g)
+    completion_mask = (torch.arange(T) < lengths.unsqueeze(1)).long()
+    ids = (prompt_ids, torch.ones_like(prompt_ids), torch.randint(3, QWEN_VOCABULARY, (U * G, T), generator=g)
+           * completion_mask, completion_mask)
+    peaks = {}
+    for what in ("body", "pass"):
+        with LiveTensorBytes() as live:
+            if what == "body":
+                out = completion_hidden_states(model.get_decoder(), model.config, *ids).sum(-1)
+            else:
+                out = completion_logprobs(model, *ids, with_entropy=True)[0]
+            (out * completion_mask).sum().backward()
+        peaks[what] = live.peak
+    logits_copy = U * G * T * QWEN_VOCABULARY * 4
+    assert (peaks["pass"] - peaks["body"]) / logits_copy <= 0.25
 
 
 # ---------------------------------------------------------------------------------------------------------
