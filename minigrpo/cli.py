@@ -14,6 +14,7 @@
     minigrpo bench --against trl                    # one GRPO step, minigrpo vs TRL, side by side (needs trl)
     minigrpo memory --shape tiny                    # peak memory: GRPO full / LoRA / QLoRA vs PPO with a critic
     minigrpo bench-length                           # peak memory and step time vs completion length, vs TRL
+    minigrpo bench-logprobs                         # the log-prob pass alone: time and memory, side by side
     minigrpo ppo --max-steps 50 --lam 1 --out runs/ppo   # PPO with a critic (ppo_trainer.py): Config + PPOConfig flags
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
@@ -166,6 +167,12 @@ def cmd_bench_length(argv: list[str]) -> int:
     return bench_length(argv)
 
 
+def cmd_bench_logprobs(argv: list[str]) -> int:
+    from .lab.bench_logprobs import main as bench_logprobs
+
+    return bench_logprobs(argv)
+
+
 def cmd_memory(argv: list[str]) -> int:
     from .lab.memory import main as memory_main
 
@@ -175,7 +182,8 @@ def cmd_memory(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "show": cmd_show, "bench": cmd_bench,
-                "bench-length": cmd_bench_length, "memory": cmd_memory, "ppo": cmd_ppo}
+                "bench-length": cmd_bench_length, "bench-logprobs": cmd_bench_logprobs, "memory": cmd_memory,
+                "ppo": cmd_ppo}
     if not argv or argv[0] not in commands:
         print(__doc__)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
