@@ -77,7 +77,8 @@ def option_help(cls=Config, search: str | None = None, width: int = 110) -> str:
         facts = [f"default {default!r}"] + ([f"one of: {', '.join(map(repr, choices[f.name]))}"]
                                             if f.name in choices else [])
         lines.append(f"  {flags} {_metavar(f.type)}   ({'; '.join(facts)})")
-        lines += textwrap.wrap(text or "(no description)", width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        lines += textwrap.wrap(text or "(no description)", width, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                               break_on_hyphens=False)
     return "\n".join(lines) if lines else f"no option mentions {search!r}"
 
 

@@ -94,9 +94,9 @@ class GRPOTrainer:
         if self.train_dataset is not None and self.eval_dataset is None:
             say("GRPOTrainer: no eval_dataset, so the last tenth of train_dataset is held out for the evaluation "
                 "before and after training")
-        say(f"GRPOTrainer: {cfg.max_steps} steps of {cfg.generation_batch_size} completions "
-            f"({cfg.generation_batch_size // cfg.num_generations} prompts x {cfg.num_generations}), "
-            f"loss {cfg.loss_type}, into {cfg.output_dir}")
+        prompts = cfg.generation_batch_size // cfg.num_generations
+        say(f"GRPOTrainer: {cfg.max_steps} steps of {cfg.generation_batch_size} completions ({prompts} "
+            f"prompt{'s' * (prompts != 1)} x {cfg.num_generations}), loss {cfg.loss_type}, into {cfg.output_dir}")
         progress = not getattr(self.args, "disable_tqdm", False)
         try:
             self.summary = train(cfg, reward_funcs=self.reward_funcs, tools=self.tools,

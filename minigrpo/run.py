@@ -404,7 +404,8 @@ def evaluate_on_main(policy, evaluate_on, rows: list[dict], num_samples: int = 0
 
 def accuracy_line(label: str, result: dict) -> str:
     """ "before training: greedy accuracy 26.2% on 500 problems, sampled 19.6%, pass@8 67.4% (length 15.2)"."""
-    line = f"{label}: greedy accuracy {result['accuracy_greedy']:.1%} on {result['num_problems']} problems"
+    n = result["num_problems"]
+    line = f"{label}: greedy accuracy {result['accuracy_greedy']:.1%} on {n} problem{'s' * (n != 1)}"
     if "accuracy_sampled" in result:
         k = max(int(key.split("@")[1]) for key in result if key.startswith("pass@"))
         line += f", sampled {result['accuracy_sampled']:.1%}, pass@{k} {result[f'pass@{k}']:.1%}"
@@ -432,6 +433,8 @@ def save_step_checkpoint(cfg: Config, out: Path, step: int, *, model, policy, sa
     save_checkpoint(out / "checkpoints", step, model=model, sampler=sampler, reward_funcs=reward_funcs,
                     config=cfg.to_dict(), progress=run_state, keep=cfg.save_total_limit, process_states=states,
                     sharded=sharded, **training_objects)
+    if bar is not None:
+        bar.set_postfix_str(f"checkpoint {step} written")
 
 
 def stopped_line(out: Path, resume: str, config: dict | None = None) -> str:

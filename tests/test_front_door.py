@@ -187,6 +187,21 @@ def brevity(prompts, completions, **row):
     return [-len(c) / 100 for c in completions]
 
 
+def test_what_was_handed_over_from_python_is_named_in_the_config():
+    from minigrpo.run import record_inputs
+    from minigrpo.tasks.tool_addition import add
+
+    cfg, train_rows, eval_rows = record_inputs(Config(), reward_funcs=["format", brevity], tools=[add],
+                                               train_dataset=rows(5), eval_dataset=None)
+    assert cfg.reward_funcs == ["format", "test_front_door:brevity"]  # load_callable reads the name back
+    assert cfg.tools == ["minigrpo.tasks.tool_addition:add"]
+    assert cfg.dataset_name.startswith("<train_dataset: 5 rows, columns answer, prompt; sha256 ")
+    assert train_rows == rows(5) and eval_rows is None and cfg.eval_dataset_name is None
+    same, _, _ = record_inputs(Config(), train_dataset=rows(5))
+    other, _, _ = record_inputs(Config(), train_dataset=rows(5, start=1))
+    assert same.dataset_name == cfg.dataset_name != other.dataset_name  # the hash is of the rows' content
+
+
 def test_grpo_trainer_takes_objects_and_config_yaml_names_them(tmp_path, one_thread):
     from datasets import Dataset
     from peft import LoraConfig
