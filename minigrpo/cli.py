@@ -18,6 +18,8 @@
     minigrpo ppo --max-steps 50 --lam 1 --out runs/ppo   # PPO with a critic (ppo_trainer.py): Config + PPOConfig flags
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
+`minigrpo train --help` lists them with what each does; `minigrpo train --help lora` only those about LoRA.
+Ctrl-C stops a run with one line: its last checkpoint and the command that resumes it.
 
 Input minigrpo cannot use (a bad flag, a data file's bad line, a reward function that raises, a missing model
 directory or config file, a loss that turned NaN) is one line and exit status 2. Anything else is a bug, here or
@@ -28,9 +30,12 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
+import textwrap
+from pathlib import Path
 
-from .config import Config, ConfigError, load_config
+from .config import ALIASES, Config, ConfigError, did_you_mean, field_choices, field_descriptions, load_config
 from .errors import MinigrpoError
 
 # One line, exit 2: minigrpo's own errors; FloatingPointError, the trainers' stop before a NaN loss or gradient
@@ -55,18 +60,112 @@ def _parse_overrides(tokens: list[str]) -> dict:
     return overrides
 
 
+def option_help(cls=Config, search: str | None = None, width: int = 110) -> str:
+    """Every field of a config dataclass as a flag, grouped by section: its short flag, value, default, allowed
+    values and description (config.field_descriptions: the comments in config.py). search: only the fields whose
+    name or description contains it."""
+    aliases = {field: short for short, field in ALIASES.items()} if cls is Config else {}
+    choices, lines, section_shown = field_choices(), [], None
+    for f in dataclasses.fields(cls):
+        section, text = field_descriptions(cls).get(f.name, ("", ""))
+        if search and search.lower() not in f"{f.name} {text}".lower():
+            continue
+        if section != section_shown:
+            lines += ["", f"{section or 'options'}:"]
+            section_shown = section
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flags = f"--{f.name.replace('_', '-')}" + (f", --{aliases[f.name]}" if f.name in aliases else "")
+        facts = [f"default {default!r}"] + ([f"one of: {', '.join(map(repr, choices[f.name]))}"]
+                                            if f.name in choices else [])
+        lines.append(f"  {flags} {_metavar(f.type)}   ({'; '.join(facts)})")
+        lines += textwrap.wrap(text or "(no description)", width, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                               break_on_hyphens=False)
+    return "\n".join(lines) if lines else f"no option mentions {search!r}"
+
+
+def _metavar(annotation) -> str:
+    """What a flag's value looks like, from the field's type."""
+    text = str(annotation)
+    for needle, shown in (("bool", "[true|false]"), ("list", "A,B,..."), ("dict", "JSON"), ("int", "N"),
+                          ("float", "X")):
+        if needle in text:
+            return shown
+    return "TEXT"
+
+
+def options_markdown() -> str:
+    """docs/options.md: every Config field in one table (flag, default, allowed values, description), generated
+    from config.py's comments by `python -m minigrpo options --markdown`."""
+    choices, described = field_choices(), field_descriptions()
+    rows = ["# `minigrpo train` options", "",
+            "Every field of `minigrpo.config.Config`, a flag of `minigrpo train` and a key of a `--config` YAML file,",
+            "in config.py's order. Generated from config.py's comments: `python -m minigrpo options --markdown >",
+            "docs/options.md` (a test checks it is current). TRL's names for these: `minigrpo.GRPOConfig`.", "",
+            "| option | default | description |", "|---|---|---|"]
+    short = {field: name for name, field in ALIASES.items()}
+    for f in dataclasses.fields(Config):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        flag = f"`--{f.name.replace('_', '-')}`" + (f" (`--{short[f.name]}`)" if f.name in short else "")
+        text = described[f.name][1].rstrip(".") + "."
+        text += f" One of: {', '.join(map(repr, choices[f.name]))}." if f.name in choices else ""
+        text = text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")  # a table cell, not HTML
+        rows.append(f"| {flag} | `{default!r}` | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def cmd_options(argv: list[str]) -> int:
+    """`minigrpo options [WORD]`: the options mentioning WORD (all without); --markdown: docs/options.md's table."""
+    if argv == ["--markdown"]:
+        print(options_markdown(), end="")
+        return 0
+    print(option_help(search=argv[0] if argv else None))
+    return 0
+
+
+def resume_command(command: str, argv: list[str], out: str) -> str:
+    """The command line that resumes an interrupted run: the same flags, without --overwrite-output-dir (and any
+    --resume), plus --resume OUT."""
+    kept, skip = [], False
+    for token in argv:
+        name = token[2:].partition("=")[0].replace("-", "_") if token.startswith("--") else None
+        if skip and name is None:
+            skip = False
+            continue
+        skip = name in ("resume", "resume_from_checkpoint", "overwrite_output_dir") and "=" not in token
+        if name not in ("resume", "resume_from_checkpoint", "overwrite_output_dir"):
+            kept.append(token)
+    return f"minigrpo {command} " + " ".join(shlex.quote(t) for t in kept + ["--resume", out])
+
+
+def run_stoppable(command: str, argv: list[str], cfg: Config, run):
+    """run() (a trainer), or, on Ctrl-C, one line on stderr: the last checkpoint and the command that resumes it."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        from tqdm import tqdm
+
+        for bar in list(getattr(tqdm, "_instances", [])):  # end the progress bars' lines before ours
+            bar.close()
+        from .run import stopped_line
+
+        line = stopped_line(Path(cfg.output_dir), resume_command(command, argv, cfg.output_dir), cfg.to_dict())
+        print(f"minigrpo {command}: {line}", file=sys.stderr)
+        return None
+
+
 def cmd_train(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        for f in dataclasses.fields(Config):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"  --{f.name.replace('_', '-'):32s} {default!r}")
+        print(__doc__ if len(argv) == 1 else "")
+        print("Options (every Config field; YAML keys take the same names):" if len(argv) == 1 else "", end="")
+        print(option_help(search=argv[1] if len(argv) > 1 else None))
         return 0
     overrides = _parse_overrides(argv)
     cfg = load_config(overrides.pop("config", None), overrides)
     from .trainer import train
 
-    s = train(cfg)
+    s = run_stoppable("train", argv, cfg, lambda: train(cfg))
+    if s is None:
+        return 130
     if os.environ.get("RANK", "0") != "0":  # several processes: rank 0 reports for all
         return 0
     sampled = ""
@@ -86,13 +185,14 @@ def cmd_ppo(argv: list[str]) -> int:
     ppo_fields = [f.name for f in dataclasses.fields(PPOConfig)]
     if argv and argv[0] in ("-h", "--help"):
         print("minigrpo ppo: every `minigrpo train` flag (see `minigrpo train --help`), plus PPOConfig's:")
-        for key, default in PPOConfig().to_dict().items():
-            print(f"  --{key.replace('_', '-'):32s} {default!r}")
+        print(option_help(PPOConfig, search=argv[1] if len(argv) > 1 else None))
         return 0
     overrides = _parse_overrides(argv)
     ppo = PPOConfig.from_flags({key: overrides.pop(key) for key in ppo_fields if key in overrides})
     cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/ppo", **overrides})
-    s = train_ppo(cfg, ppo)
+    s = run_stoppable("ppo", argv, cfg, lambda: train_ppo(cfg, ppo))
+    if s is None:
+        return 130
     print(f"{s['task']} ppo seed {s['seed']}: greedy accuracy {s['accuracy_before']:.1%} -> {s['accuracy_after']:.1%}, "
           f"{s['steps']} steps in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}")
     return 0
@@ -183,10 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "show": cmd_show, "bench": cmd_bench,
                 "bench-length": cmd_bench_length, "bench-logprobs": cmd_bench_logprobs, "memory": cmd_memory,
-                "ppo": cmd_ppo}
-    if not argv or argv[0] not in commands:
+                "ppo": cmd_ppo, "options": cmd_options}
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        return 0 if argv else 2
+    if argv[0] not in commands:
+        hint = did_you_mean(argv[0], commands)
+        print(f"minigrpo: unknown command {argv[0]!r}{'; ' + hint if hint else ''} (commands: {', '.join(commands)}; "
+              f"minigrpo --help shows what each does)", file=sys.stderr)
+        return 2
     try:
         return commands[argv[0]](argv[1:])
     except USER_ERRORS as exc:

@@ -26,13 +26,17 @@ __all__ = ["collect_batch", "sample_round"]
 
 
 def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,
-                 policy=None, ref_model=None, tools: ToolSetup | None = None) -> Batch:
+                 policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None) -> Batch:
     """Sample G completions for each prompt row, score them, and compute their advantages: a Batch.
 
     policy, ref_model: only for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward.
     tools: the multi-turn rollout (tools/loop.py) instead of single-turn sampling.
-    With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned."""
+    With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned.
+    on_phase(text): told what is about to take time ("sampling ...", "scoring ..."), e.g. a progress bar's
+    postfix; the place where a slow scorer (a reward model) is announced."""
     G = cfg.num_generations
+    say = on_phase or (lambda text: None)
+    say(f"sampling {len(prompt_rows) * G} completions")
     roll = _sample(cfg, engine, prompt_rows, max_len, tools)
     rows = [r for r in prompt_rows for _ in range(G)]  # one dataset row per completion, grouped like the rollout
 
@@ -43,6 +47,7 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     if tools and roll.environments is not None:  # TRL's name: reward functions read each completion's environment
         columns["environments"] = roll.environments
     completions = roll.messages if tools else completions_for_rewards(prompts, roll.completions)
+    say(f"scoring {len(completions)} completions with {len(reward_funcs)} reward function(s)")
     rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns)
     rewards = combine_rewards(rewards_per_func, unscorable, reward_weights)  # (N,), NaN = unscorable
     batch = Batch(roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask, roll.is_truncated,
@@ -89,8 +94,9 @@ def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None
 
 
 def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, reward_weights: list[float], max_len: int,
-                  policy=None, ref_model=None, tools: ToolSetup | None = None) -> Batch:
-    """Steps 1-3 of the loop: a Batch of this process's generation_batch_size / W completions.
+                  policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None) -> Batch:
+    """Steps 1-3 of the loop: a Batch of this process's generation_batch_size / W completions. on_phase: see
+    sample_round.
 
     With dynamic_sampling (DAPO, Yu et al. 2025, sec. 3.2), groups whose rewards are all equal (advantage 0:
     nothing to learn) are dropped and more prompts are sampled until the batch is full, for at most
@@ -98,7 +104,7 @@ def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, rewar
     useful group, the last round is kept whole (every advantage 0)."""
     num_prompts = cfg.generation_batch_size // cfg.num_generations // distributed.world_size()
     sample = lambda: sample_round(cfg, engine, sampler.take(num_prompts), reward_funcs, reward_weights,  # noqa: E731
-                                  max_len, policy, ref_model, tools)
+                                  max_len, policy, ref_model, tools, on_phase)
     batch = sample()
     zero_std_sampled = [batch.zero_std]
     if cfg.dynamic_sampling:

@@ -5,9 +5,12 @@ Set fields from a YAML file (`--config run.yaml`) and/or command-line flags (`--
 `--num_generations 8`); flags win. An unknown key or a bad value is a one-line `ConfigError` naming the key.
 """
 
+import ast
 import dataclasses
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -33,14 +36,20 @@ class Config:
     answer_grader: str = "numeric"
     # TRL's ScriptArguments names. None = the task's own rows (data/tasks/<task>/, or the hub for gsm8k); else a
     # .jsonl/.parquet file (its last tenth held out for evaluation), a folder of split files, or a hub dataset
-    dataset_name: str | None = None  # --dataset
-    dataset_config: str | None = None
-    dataset_train_split: str = "train"
-    dataset_test_split: str = "test"
+    dataset_name: str | None = None
+    dataset_config: str | None = None  # the dataset's configuration (subset), e.g. "main" for openai/gsm8k
+    dataset_train_split: str = "train"  # the split to train on
+    dataset_test_split: str = "test"  # the held-out split evaluated before, during and after training
+    # minigrpo: evaluate on another dataset (a file, all its rows; a folder or a hub dataset, its
+    # dataset_test_split); None = dataset_name's held-out rows. TRL's GRPOTrainer(eval_dataset=...)
+    eval_dataset_name: str | None = None
     chat_template_kwargs: dict | None = None  # passed to the chat template, e.g. {"enable_thinking": false} (Qwen3)
-    output_dir: str = "runs/grpo"  # --out
-    seed: int = 0
-    max_steps: int = 100
+    # the run's folder: config.yaml, metrics.jsonl, completions.jsonl, summary.json, plots/, checkpoints/, model/.
+    # One holding another run's results is refused: choose another, --resume it, or --overwrite-output-dir
+    output_dir: str = "runs/grpo"
+    overwrite_output_dir: bool = False  # replace the run in output_dir: its results are deleted before this one starts
+    seed: int = 0  # seeds the weights' initialisation (LoRA), the prompt order and the sampling
+    max_steps: int = 100  # training steps; each samples one batch (generation_batch_size completions)
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
     bf16: bool = False  # autocast to bfloat16 (GPU); weights stay in `dtype`
     # recompute each block's activations in backward instead of keeping them (models.enable_gradient_checkpointing):
@@ -56,9 +65,9 @@ class Config:
     # --- model: LoRA and 4-bit quantization (TRL's ModelConfig names) ---
     dtype: str = "float32"  # weights' dtype at load; with load_in_4bit, the compute dtype of the 4-bit layers
     use_peft: bool = False  # train a LoRA adapter instead of all weights (peft)
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
+    lora_r: int = 16  # LoRA rank: the adapter adds A (r x d_in) and B (d_out x r) to each target layer
+    lora_alpha: int = 32  # LoRA scale: the update B A is multiplied by lora_alpha / lora_r
+    lora_dropout: float = 0.05  # dropout on the adapter's input, in [0, 1)
     lora_target_modules: list[str] | None = None  # None = every linear layer of the blocks (models.py)
     load_in_4bit: bool = False  # QLoRA: base weights in 4 bits (bitsandbytes); needs use_peft
     bnb_4bit_quant_type: str = "nf4"  # "nf4" or "fp4"
@@ -78,11 +87,14 @@ class Config:
     num_generations: int = 8  # G, completions per prompt
     generation_batch_size: int = 128  # completions per step = prompts per step x G
     max_completion_length: int | None = None  # None = the task's own
-    temperature: float = 1.0
+    # TRL's (before 1.0): training prompts longer than this many tokens are left out, and their number printed (TRL
+    # cut them from the left, then dropped the option for filtering the dataset); None = keep every prompt
+    max_prompt_length: int | None = None
+    temperature: float = 1.0  # sampling temperature; the log-probs of the loss are taken at the same temperature
     # sample from the top_p nucleus and (top_k > 0) the top_k most likely tokens only; every log-prob is then taken
     # under the same truncated, renormalised distribution (truncation.py), so the ratio is unbiased
     top_p: float = 1.0
-    top_k: int = 0
+    top_k: int = 0  # sample from the top_k most likely tokens only (0 = no top-k)
     # --- tools (TRL's names; tools/): the model may call functions during its rollout ---
     # tools by name: python, calculator (tools/builtin.py), or your own as module:function / path/file.py:function,
     # plain typed functions with a docstring; None = the task's own tools (if any). train(cfg, tools=[...]) also works
@@ -117,13 +129,13 @@ class Config:
     # --- objective ---
     loss_type: str = "grpo"  # an entry of objectives.LOSSES: grpo, dapo, cispo, ... (TRL's default is "dapo")
     importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token (GSPO-token)
-    epsilon: float = 0.2
+    epsilon: float = 0.2  # PPO clip range: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; cispo: the cap eps_max, None = 5.0 (TRL: epsilon)
     delta: float | None = None  # two-sided clipping
     beta: float = 0.0  # KL coefficient; 0 = no reference model at all
     # TR-DPO's reference refresh (TRL): every ref_model_sync_steps steps, pi_ref <- alpha pi_theta + (1 - alpha) pi_ref
     sync_ref_model: bool = False
-    ref_model_mixup_alpha: float = 0.6
+    ref_model_mixup_alpha: float = 0.6  # alpha of the refresh above, in (0, 1]
     ref_model_sync_steps: int = 512  # in steps of the loop (batches); TRL counts optimizer steps: the same at 1 each
     kl_estimator: str = "k3"  # minigrpo: k1, k2, k3
     kl_in_reward: bool = False  # minigrpo: fold beta * KL into the reward instead of the loss
@@ -133,18 +145,19 @@ class Config:
     loss_options: dict | None = None
     gmpo_epsilon: float = 0.4  # minigrpo: GMPO's log-space clip range
     vespo_k_pos: float = 2.0  # VESPO's kernel phi(W) = W^k e^(lambda (1 - W)) for A >= 0 ...
-    vespo_lambda_pos: float = 3.0
+    vespo_lambda_pos: float = 3.0  # ... its lambda for A >= 0
     vespo_k_neg: float = 3.0  # ... and for A < 0
-    vespo_lambda_neg: float = 2.0
+    vespo_lambda_neg: float = 2.0  # ... its lambda for A < 0
     clip_cov_ratio: float = 2e-4  # verl: Clip-Cov detaches this fraction of tokens, among cov in (lb, ub)
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
+    clip_cov_lb: float = 1.0  # verl: Clip-Cov's lower bound on the covariance of the tokens it may detach
+    clip_cov_ub: float = 5.0  # verl: Clip-Cov's upper bound
     kl_cov_ratio: float = 2e-4  # verl: KL-Cov penalises this fraction of tokens (largest covariance)
     ppo_kl_coef: float = 1.0  # verl: KL-Cov's coefficient on |log rho|
     use_bias_correction_kl: bool = False  # KL term times rho, unbiased off-policy (DeepSeek-V3.2); TRL's default: True
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2: drop A < 0 completions whose sampler KL exceeds it
-    entropy_coef: float = 0.0  # TRL: loss - coef * mean entropy of the tokens the loss acts on (0 = off); the
-    # entropy's gradient needs full logits (logprobs.plain_completion_logprobs); per micro-batch with gradient accumulation
+    # TRL: loss - coef * mean entropy of the tokens the loss acts on (0 = off); the entropy's gradient needs full
+    # logits (logprobs.plain_completion_logprobs); per micro-batch with gradient accumulation
+    entropy_coef: float = 0.0
     top_entropy_quantile: float = 1.0  # policy loss only on this top fraction of tokens by entropy (80/20 rule: 0.2)
     num_iterations: int = 1  # PPO epochs over each batch (TRL's mu)
     steps_per_generation: int = 1  # optimizer steps (mini-batches) per generated batch
@@ -152,13 +165,13 @@ class Config:
     # in less memory (TRL's name; there it also sets how many micro-batches make one optimizer step)
     gradient_accumulation_steps: int = 1
     # --- optimizer ---
-    learning_rate: float = 1e-4
+    learning_rate: float = 1e-4  # AdamW's peak learning rate (TRL's default: 1e-6)
     lr_scheduler_type: str = "constant"  # "constant" or "linear" (decay to 0, TRL's default)
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    max_grad_norm: float = 1.0
+    warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to learning_rate
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW's beta1 (decay of the mean of the gradients)
+    adam_beta2: float = 0.999  # AdamW's beta2 (decay of the mean of their squares)
+    max_grad_norm: float = 1.0  # clip the gradient's global norm to this before each optimizer step
     # --- logging and evaluation ---
     eval_steps: int = 10  # greedy held-out accuracy every N steps (0 = only before and after)
     eval_num_problems: int = 200  # problems for the in-training eval (before/after use the whole split)
@@ -170,7 +183,11 @@ class Config:
     save_model: bool = True  # save the final model (or adapter) into output_dir/model
     log_completions: bool = True  # write the first groups of each step to completions.jsonl (`minigrpo show RUN`)
     log_completions_groups: int = 2  # minigrpo: how many groups (prompts, with all G completions) per step
-    report_to: list[str] | None = None  # also log to "tensorboard" and/or "wandb" (offline unless WANDB_MODE=online)
+    # print one line of the step's main metrics every N steps (0 = the progress bar only); metrics.jsonl holds every
+    # step either way (TRL: how often it logs, 10 by default)
+    logging_steps: int = 0
+    # also log to "tensorboard" and/or "wandb" (offline unless WANDB_MODE=online); a list, or one name as a string
+    report_to: list[str] | None = None
 
     def __post_init__(self):
         self.validate()
@@ -185,24 +202,15 @@ class Config:
 
     def _validate_values(self) -> None:
         """Each field alone: choices from a fixed list or a table, signs and ranges."""
-        choices = {
-            "scale_rewards": ("group", "batch", "none"),
-            "std_type": ("sample", "population"),
-            "advantage_estimator": tuple(ADVANTAGE_ESTIMATORS),
-            "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
-            "loss_type": tuple(LOSSES),
-            "importance_sampling_level": ("token", "sequence", "sequence_token"),
-            "kl_estimator": ("k1", "k2", "k3"),
-            "lr_scheduler_type": ("constant", "linear"),
-            "device": ("auto", "cpu", "cuda"),
-            "dtype": ("float32", "bfloat16", "float16"),
-            "bnb_4bit_quant_type": ("nf4", "fp4"),
-            "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-            "answer_grader": ("numeric", "math_verify"),
-        }
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        self._normalise_values()
+        for key, allowed in field_choices().items():
+            values = getattr(self, key) if key == "report_to" else [getattr(self, key)]
+            for value in values or ():
+                if value not in allowed:
+                    hint = isinstance(value, str) and CHOICE_HINTS.get((key, value))
+                    hint = hint or did_you_mean(str(value), allowed)
+                    allowed_text = ", ".join(str(v) or repr(v) for v in allowed)
+                    raise ConfigError(f"{key}: {value!r} is not one of {allowed_text}" + (f"; {hint}" if hint else ""))
         if self.num_generations < 2:
             raise ConfigError("num_generations: must be >= 2 (a group of one has no baseline)")
         positive = ("max_steps", "generation_batch_size", "num_iterations", "steps_per_generation", "learning_rate",
@@ -217,12 +225,9 @@ class Config:
             )
         if self.generation_batch_size % self.steps_per_generation:
             raise ConfigError("steps_per_generation: must divide generation_batch_size")
-        for name in self.report_to or ():
-            if name not in ("tensorboard", "wandb", "none"):
-                raise ConfigError(f"report_to: {name!r} is not one of tensorboard, wandb, none")
         if self.report_to and "none" in self.report_to:
             self.report_to = [n for n in self.report_to if n != "none"] or None
-        for key in ("eval_steps", "eval_num_samples", "save_steps", "log_completions_groups"):
+        for key in ("eval_steps", "eval_num_samples", "save_steps", "log_completions_groups", "logging_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("eval_num_problems", "eval_limit", "save_total_limit"):  # None allowed where the type says so
@@ -232,8 +237,9 @@ class Config:
             raise ConfigError(f"max_tool_calling_iterations: must be >= 0, got {self.max_tool_calling_iterations}")
         if not self.tool_timeout > 0 or self.max_tool_output_chars < 1:
             raise ConfigError("tool_timeout, max_tool_output_chars: must be > 0")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ConfigError("max_completion_length: must be >= 1")
+        for key in ("max_completion_length", "max_prompt_length"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1 (or None), got {getattr(self, key)}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         if not 0 < self.vllm_gpu_memory_utilization < 1:
@@ -246,6 +252,29 @@ class Config:
             raise ConfigError(
                 f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs"
             )
+
+    def _normalise_values(self) -> None:
+        """What Python hands over in TRL's or peft's forms: one string for a list (report_to="tensorboard"),
+        lora_target_modules="all-linear"; and objects where a name belongs, refused in one line that says where
+        the object goes."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and "list[" in str(f.type):
+                setattr(self, f.name, [item.strip() for item in value.split(",") if item.strip()])
+        if self.lora_target_modules == ["all-linear"]:  # peft's name for minigrpo's default: every linear layer
+            self.lora_target_modules = None
+        for key in ("reward_funcs", "tools"):
+            objects = [item for item in getattr(self, key) or () if not isinstance(item, str)]
+            if objects:
+                raise ConfigError(f"{key}: takes names (module:function, file.py:function), got a "
+                                  f"{type(objects[0]).__name__}; pass functions as train(cfg, {key}=[...]) or "
+                                  f"GRPOTrainer({key}=[...])")
+        for key, argument in (("model_name_or_path", "model"), ("dataset_name", "train_dataset"),
+                              ("eval_dataset_name", "eval_dataset")):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"{key}: takes a name or a path, got a {type(value).__name__} object; pass the "
+                                  f"object itself as train(cfg, {argument}=...) or GRPOTrainer({argument}=...)")
 
     def _validate_model(self) -> None:
         """LoRA, 4-bit weights, vLLM and sharding, and what they allow together."""
@@ -264,8 +293,6 @@ class Config:
     def _validate_fsdp(self) -> None:
         from .distributed import FSDP_OPTIONS
 
-        if self.fsdp not in ("", "full_shard"):
-            raise ConfigError(f"fsdp: {self.fsdp!r} is not one of '' (DistributedDataParallel), full_shard (FSDP2)")
         if self.fsdp_config and not self.fsdp:
             raise ConfigError("fsdp_config: set fsdp full_shard too (without it there is nothing to shard)")
         for key, value in (self.fsdp_config or {}).items():
@@ -298,8 +325,6 @@ class Config:
             raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) normalises each reward in its "
                               "group, then the sum over the batch; use advantage_estimator 'grpo', scale_rewards "
                               "'group', kl_in_reward false")
-        if self.gfpo_filter not in ("length", "token_efficiency"):
-            raise ConfigError(f"gfpo_filter: {self.gfpo_filter!r} is not one of length, token_efficiency")
         if self.sync_ref_model:
             self._validate_reference_refresh()
 
@@ -367,6 +392,95 @@ class Config:
         return dataclasses.asdict(self)
 
 
+def field_choices() -> dict[str, tuple]:
+    """The fields that take one of a few values, and those values (report_to: each entry of its list). Read by
+    validation, `minigrpo train --help` and docs/options.md; the loss types and estimators come from their tables,
+    so one registered from outside is allowed and listed like a built-in."""
+    return {
+        "scale_rewards": ("group", "batch", "none"),
+        "std_type": ("sample", "population"),
+        "advantage_estimator": tuple(ADVANTAGE_ESTIMATORS),
+        "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+        "loss_type": tuple(LOSSES),
+        "importance_sampling_level": ("token", "sequence", "sequence_token"),
+        "kl_estimator": ("k1", "k2", "k3"),
+        "lr_scheduler_type": ("constant", "linear"),
+        "device": ("auto", "cpu", "cuda"),
+        "dtype": ("float32", "bfloat16", "float16"),
+        "bnb_4bit_quant_type": ("nf4", "fp4"),
+        "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+        "answer_grader": ("numeric", "math_verify"),
+        "gfpo_filter": ("length", "token_efficiency"),
+        "fsdp": ("", "full_shard"),
+        "report_to": ("tensorboard", "wandb", "none"),
+    }
+
+
+# What a value that is not in a field's list usually meant: (field, value) -> where minigrpo has it.
+CHOICE_HINTS = {
+    ("loss_type", "gspo"): "GSPO is a ratio, not a loss type: importance_sampling_level sequence "
+                           "(--importance-sampling-level sequence), with loss_type grpo or another token loss",
+    ("loss_type", "gspo_token"): "GSPO-token is importance_sampling_level sequence_token "
+                                 "(--importance-sampling-level sequence_token)",
+    ("loss_type", "rloo"): "RLOO is an advantage estimator: advantage_estimator rloo (--advantage-estimator rloo)",
+    ("loss_type", "ppo"): "PPO with a critic is its own command, minigrpo ppo (ppo_trainer.train_ppo)",
+    ("loss_type", "reinforce_plus_plus"): "REINFORCE++ is an advantage estimator: advantage_estimator "
+                                          "reinforce_plus_plus",
+    ("advantage_estimator", "gspo"): "GSPO is importance_sampling_level sequence (--importance-sampling-level "
+                                     "sequence)",
+    ("lr_scheduler_type", "constant_with_warmup"): "minigrpo's constant warms up over warmup_steps: use constant",
+    ("report_to", "all"): "name them: tensorboard, wandb",
+}
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """ "did you mean X?" for the closest candidate (difflib), or "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(word, [str(c) for c in candidates], n=1, cutoff=0.6)
+    return f"did you mean {close[0]}?" if close else ""
+
+
+SECTION_HEADER = re.compile(r"#\s*---\s*(.*?)\s*---\s*$")
+
+
+def field_descriptions(cls=None) -> dict[str, tuple[str, str]]:
+    """{field: (section, description)} for a config dataclass (default Config), read from its source's comments,
+    CleanRL's way: a field's description is the comment block right above it plus the comment after it; a
+    `# --- title ---` line opens a section. So a field documented in config.py is documented everywhere: `minigrpo
+    train --help`, docs/options.md and the errors that name it. A subclass's comments win over its parent's."""
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    described = {}
+    for klass in reversed((cls or Config).__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        source = textwrap.dedent(inspect.getsource(klass))
+        comments = {tok.start[0]: (tok.string.lstrip("#").strip(), tok.line.lstrip().startswith("#"))
+                    for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+        body = ast.parse(source).body[0].body
+        section, previous_end = "", 1  # after the `class` line (or the decorator above it)
+        for stmt in (s for s in body if isinstance(s, ast.AnnAssign)):
+            above = []
+            for line in range(previous_end + 1, stmt.lineno):
+                text, whole_line = comments.get(line, ("", False))
+                header = SECTION_HEADER.match("# " + text) if whole_line else None
+                if header:
+                    section, above = header.group(1), []
+                elif whole_line:
+                    above.append(text)
+                else:  # a blank line (or code) cuts a comment block off from the field below
+                    above = []
+            after = [comments[line][0] for line in range(stmt.lineno, stmt.end_lineno + 1)
+                     if line in comments and not comments[line][1]]
+            described[stmt.target.id] = (section, " ".join(above + after))
+            previous_end = stmt.end_lineno
+    return described
+
+
 ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume_from_checkpoint",
            "dataset": "dataset_name"}  # short flags of the CLI
 
@@ -431,7 +545,9 @@ def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
     for key, value in values.items():
         name = key.replace("-", "_")
         name = ALIASES.get(name, name)
-        if name not in known:
-            raise ConfigError(f"{key}: unknown config key")
+        if name not in known:  # a typo, or TRL's name for something minigrpo calls otherwise: one line that says so
+            from .grpo_config import unknown_key_line
+
+            raise ConfigError(unknown_key_line(name, value))
         kwargs[name] = coerce_value(name, value, hints[name])
     return Config(**kwargs)

@@ -19,6 +19,7 @@ they disagree (`evaluate(..., per_problem=True)` gives each problem's greedy res
 import math
 
 import torch
+from tqdm.auto import tqdm
 
 from .engines import GenerateEngine
 from .rollout import sample_completions
@@ -33,9 +34,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _generate_all(model, tokenizer, rows, *, num_generations, batch_size, tools=None, **sampling):
+def _generate_all(model, tokenizer, rows, *, num_generations, batch_size, tools=None, bar=None, **sampling):
     """Completions (grouped by prompt), their lengths (the policy's tokens) and tool calls per completion, generated
-    ``batch_size`` sequences at a time; with ``tools`` (batch.ToolSetup) through the multi-turn tool loop."""
+    ``batch_size`` sequences at a time; with ``tools`` (batch.ToolSetup) through the multi-turn tool loop. bar: a
+    progress bar (tqdm) that counts the completions."""
     prompts_per_batch = max(1, batch_size // num_generations)
     completions, lengths, calls = [], [], []
     for start in range(0, len(rows), prompts_per_batch):
@@ -50,13 +52,15 @@ def _generate_all(model, tokenizer, rows, *, num_generations, batch_size, tools=
             calls += rollout.num_tool_calls.tolist()
             lengths += rollout.policy_mask.sum(1).tolist()
         completions += rollout.completions
+        if bar is not None:
+            bar.update(len(rollout.completions))
     return completions, lengths, calls
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature: float = 1.0, batch_size: int = 256,
              max_completion_length: int | None = None, chat_template_kwargs: dict | None = None,
-             per_problem: bool = False, tools=None) -> dict:
+             per_problem: bool = False, tools=None, progress: str | None = None) -> dict:
     """Score ``model`` on ``rows`` (dicts with a "prompt" and what ``task.grade`` reads, e.g. "answer").
 
     Always: ``accuracy_greedy``, ``format_greedy`` and ``mean_length_greedy`` (completion
@@ -67,12 +71,16 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
     with ``chat_template_kwargs`` (prompts.py). ``per_problem``: also ``correct_greedy``, one bool per row, for a
     paired comparison of two models on the same rows (``mcnemar``). ``tools`` (batch.ToolSetup): completions come
     from the multi-turn tool loop, and ``tool_calls_greedy`` (tool calls per greedy completion) is reported too.
+    ``progress``: a label ("before training"); a progress bar with an estimate of the time left is shown while the
+    completions are generated (greedy, then num_samples per problem), and removed when they are done.
     """
     results = {"num_problems": len(rows)}
+    bar = tqdm(total=len(rows) * (1 + num_samples), desc=f"{progress}: evaluating", unit="completion", leave=False,
+               disable=not progress, dynamic_ncols=True)
     generate = lambda k, **sampling: _generate_all(  # noqa: E731
         model, tokenizer, rows, num_generations=k, batch_size=batch_size,
         max_completion_length=max_completion_length or task.max_completion_length,
-        chat_template_kwargs=chat_template_kwargs, tools=tools, **sampling)
+        chat_template_kwargs=chat_template_kwargs, tools=tools, bar=bar, **sampling)
 
     completions, lengths, calls = generate(1, do_sample=False)
     correct = [bool(task.grade(c, row)) for c, row in zip(completions, rows)]
@@ -94,6 +102,7 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
         results["mean_length_sampled"] = sum(lengths) / len(lengths)
         for j in range(1, k + 1):
             results[f"pass@{j}"] = sum(pass_at_k(k, c, j) for c in num_correct) / len(rows)
+    bar.close()
     return results
 
 

@@ -91,6 +91,12 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         tokenizer = AutoTokenizer.from_pretrained(name)
     except OSError as exc:
         raise _unfetchable(name, exc) from exc
+    return prepare_tokenizer(tokenizer)
+
+
+def prepare_tokenizer(tokenizer):
+    """A tokenizer made ready for generation, in place: padding on the left, a pad token (eos if it has none).
+    Also for one handed over from Python (TRL's processing_class)."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

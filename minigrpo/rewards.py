@@ -22,12 +22,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .user_code import load_callable
+from .user_code import callable_name, load_callable
 
 from .errors import MinigrpoError
 
 __all__ = ["RewardError", "completion_text", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled", "load_reward_func",
-           "score_completions", "combine_rewards"]
+           "score_completions", "combine_rewards", "reward_func_name"]
 
 RewardFunc = Callable[..., list]
 
@@ -119,14 +119,15 @@ def _name(func) -> str:
 
 
 def _call(func, prompts, completions, rows: dict[str, list]) -> list:
-    """Call one reward function; on an exception, find the first completion it fails on and say so."""
+    """Call one reward function, by keyword as TRL does (`accuracy_reward(completions, solution, **kwargs)` takes
+    completions first); on an exception, find the first completion it fails on and say so."""
     try:
-        values = func(prompts, completions, **rows)
+        values = func(prompts=prompts, completions=completions, **rows)
     except Exception as batch_exc:  # noqa: BLE001 - re-raised with the culprit named
         for i in range(len(completions)):
             one_row = {k: v[i : i + 1] for k, v in rows.items()}
             try:
-                func(prompts[i : i + 1], completions[i : i + 1], **one_row)
+                func(prompts=prompts[i : i + 1], completions=completions[i : i + 1], **one_row)
             except Exception as exc:  # noqa: BLE001
                 raise RewardError(
                     f"reward function {_name(func)!r} raised on completion {i} ({completions[i]!r}): {exc!r}"
@@ -196,7 +197,9 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
     seed: the shuffle of the "random" control's rewards."""
     funcs = []
     for name in names:
-        if ":" in name:
+        if not isinstance(name, str):  # a function (or reward model) handed over from Python: used as it is
+            funcs.append(name)
+        elif ":" in name:
             funcs.append(load_reward_func(name))
         elif name in ("r1_format", "r1_format_soft"):
             funcs.append(r1_format if name == "r1_format" else r1_format_soft)
@@ -218,6 +221,20 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
                               f"r1_format_soft, overlong, random, math_verify, or module:function / "
                               f"path/file.py:function)")
     return funcs
+
+
+def reward_func_name(func) -> str:
+    """How config.yaml names a reward function handed over as an object: the built-in names build_reward_funcs
+    reads (correctness, format, r1_format, ...), a model's path (an object with `name_or_path`), else
+    "module:function" (user_code.callable_name)."""
+    builtin = {"correctness_reward": "correctness", "format_reward": "format", "r1_format": "r1_format",
+               "r1_format_soft": "r1_format_soft", "math_verify_reward": "math_verify"}
+    name = getattr(func, "__name__", None)
+    if name in builtin and getattr(func, "__module__", "").startswith("minigrpo."):
+        return builtin[name]
+    if isinstance(getattr(func, "name_or_path", None), str) and func.name_or_path:
+        return func.name_or_path
+    return callable_name(func)
 
 
 def reward_names(funcs: list[RewardFunc]) -> list[str]:

@@ -16,10 +16,12 @@ import json
 import os
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from .config import ConfigError
 from .metrics import finite_or_none, json_line
 
-__all__ = ["RunLog", "completion_records", "REPORT_TO"]
+__all__ = ["RunLog", "completion_records", "REPORT_TO", "step_line"]
 
 REPORT_TO = ("tensorboard", "wandb")
 
@@ -59,11 +61,12 @@ class RunLog:
 
     def __init__(self, out: Path, reward_names: list[str], *, group_size: int, log_completions: bool = True,
                  log_completions_groups: int = 2, report_to: list[str] | None = None, config: dict | None = None,
-                 resume_step: int = 0, enabled: bool = True):
+                 resume_step: int = 0, enabled: bool = True, print_every: int = 0):
         """group_size: completions per prompt (groups are consecutive rows); log_completions(_groups): whether to
         write completions.jsonl, and how many groups per step; report_to: "tensorboard", "wandb"; config: the
-        run's settings, for W&B's run page."""
-        self.enabled, self.reward_names, self.writers = enabled, reward_names, []
+        run's settings, for W&B's run page; print_every: print one line of the step's main metrics every N steps
+        (0: never; TRL's logging_steps)."""
+        self.enabled, self.reward_names, self.writers, self.print_every = enabled, reward_names, [], print_every
         self.group_size, self.log_completions_groups = group_size, log_completions_groups
         if not enabled:
             return
@@ -90,6 +93,8 @@ class RunLog:
         scalars = {k: v for k, v in finite_or_none(row).items() if isinstance(v, (int, float)) and k != "step"}
         for writer in self.writers:
             writer.log(step, scalars, completions)
+        if self.print_every and step % self.print_every == 0:
+            tqdm.write(step_line(row))
 
     def close(self) -> None:
         if not self.enabled:
@@ -99,6 +104,17 @@ class RunLog:
             self.completions.close()
         for writer in self.writers:
             writer.close()
+
+
+PRINTED = (("reward", "reward {:.3f}"), ("frac_reward_zero_std", "zero-std groups {:.0%}"),
+           ("completions/mean_length", "length {:.1f}"), ("entropy", "entropy {:.3f}"), ("kl", "kl {:.4f}"),
+           ("eval/accuracy_greedy", "held-out greedy accuracy {:.1%}"), ("step_seconds", "{:.2f} s"))
+
+
+def step_line(row: dict) -> str:
+    """One printed line for a metrics row: "step 10: reward 0.412, zero-std groups 38%, length 21.3, ..."."""
+    shown = [text.format(row[key]) for key, text in PRINTED if isinstance(row.get(key), (int, float))]
+    return f"step {row['step']}: " + ", ".join(shown)
 
 
 def _table_rows(completions: list[dict]) -> list[list]:

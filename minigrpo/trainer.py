@@ -40,35 +40,43 @@ from tqdm.auto import tqdm
 from . import distributed
 from .batch import Batch, PromptSampler
 from .collect import collect_batch
-from .checkpoint import process_state, save_checkpoint
 from .config import Config, ConfigError
 from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
 from .isolation import take_failed_count
 from .metrics import gather_batch, gather_stats, step_metrics
 from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
-from .run import (eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log, start_or_resume,
-                  tool_setup, vllm_correction, write_config)
+from .run import (checkpoint_due, eval_due, evaluate_on_main, evaluator, finish_run, load_run, make_engine,
+                  make_optimizer, open_log, record_inputs, save_step_checkpoint, start_or_resume, tool_setup,
+                  vllm_correction, write_config)
 
 __all__ = ["train", "prepare_update", "grpo_update"]
 
 
 def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None = None, environment_factory=None,
-          progress: bool = True) -> dict:
+          progress: bool = True, model=None, processing_class=None, train_dataset=None, eval_dataset=None) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, completions.jsonl,
-    summary.json, plots/}.
+    summary.json, plots/}. A folder holding another run is refused (run.claim_output_dir).
 
-    reward_funcs: your own reward functions (TRL's signature, see rewards.py); they replace cfg.reward_funcs.
+    reward_funcs: your own reward functions (TRL's signature, see rewards.py), names (as in cfg.reward_funcs) among
+    them if you like; they replace cfg.reward_funcs.
     tools: plain typed Python functions the model may call (TRL's `tools=`, tools/); they replace cfg.tools and the
     task's own. With tools, each completion is a multi-turn rollout and the loss learns only the policy's tokens.
     environment_factory: TRL's: a class (or function) whose instances are stateful tools, one per completion, reset
     from its dataset row (tools/environment.py); its get_reward(), if any, is one more reward function (weight 1).
+    model, processing_class: a loaded model and its tokenizer (TRL's names), instead of cfg.model_name_or_path.
+    train_dataset, eval_dataset: a datasets.Dataset or a list of row dicts, instead of cfg.dataset_name's rows;
+    without eval_dataset the last tenth of train_dataset is held out for evaluation (as for a single file).
+    What was handed over is named in the config.yaml the run writes (run.record_inputs).
+    progress: a progress bar for every long wait, and a line for each result as soon as it is known.
     Under `accelerate launch` / `torchrun` with W processes, each one trains on 1/W of every batch
     (distributed.py); rank 0 alone evaluates and writes, and every rank returns the summary.
     """
+    cfg, train_rows, eval_rows = record_inputs(cfg, reward_funcs, tools, model, train_dataset, eval_dataset)
     device = distributed.setup(resolve_device(cfg.device))  # joins the process group when launched W > 1 times
     check_processes(cfg)
-    run = load_run(cfg, device, reward_funcs)  # seeded: the task, the policy, its rows and rewards (run.py)
+    run = load_run(cfg, device, reward_funcs, model=model, processing_class=processing_class, train_rows=train_rows,
+                   eval_rows=eval_rows)  # claims output_dir; seeded: the task, the policy, its rows and rewards
     model, tokenizer, task, out, max_len = run.model, run.tokenizer, run.task, run.out, run.max_completion_length
     ref_model = reference_policy(model) if cfg.beta > 0 else None
     # What the loss's log-probs run through: model and ref_model themselves (one process), else DDP's or FSDP2's
@@ -91,10 +99,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     log = open_log(cfg, out, reward_funcs, resume_step=start_step, enabled=main)
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
     take_failed_count()  # verifier failures are counted from this run's first step
-    if run_state["before"] is None:
-        with distributed.full_weights(policy):  # FSDP2: every process gathers the weights, rank 0 evaluates
-            if main:
-                run_state["before"] = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
+    if run_state["before"] is None:  # printed as soon as it is known; a resumed run carries it in its checkpoint
+        run_state["before"] = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
+                                               label=progress and "before training")
 
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and main), dynamic_ncols=True)
@@ -103,9 +110,11 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (collect.py).
         # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
         with run.autocast(), distributed.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
-            batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools)
+            batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools,
+                                  on_phase=bar.set_postfix_str)  # the bar names the phase: sampling, scoring
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
+        bar.set_postfix_str("updating")
         inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, run.autocast)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
@@ -129,29 +138,24 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
         if eval_due(cfg, step):
-            with distributed.full_weights(policy):
-                if main:
-                    row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
+            bar.set_postfix_str(f"evaluating on {min(cfg.eval_num_problems, len(run.test_rows))} problems")
+            result = evaluate_on_main(policy, evaluate_on, run.test_rows[: cfg.eval_num_problems])
+            row.update({"eval/accuracy_greedy": result["accuracy_greedy"]} if result else {})
         if main:
             log.log(step, row, batch, gathered["correct"].tolist())  # rank 0's rows come first in gathered
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
-        if cfg.save_steps and step % cfg.save_steps == 0:
-            states = distributed.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
-            sharded = distributed.is_sharded(policy)  # FSDP2: every process writes its own shards
-            if main or sharded:
-                save_checkpoint(out / "checkpoints", step, model=model, optimizer=optimizer, scheduler=scheduler,
-                                sampler=sampler, reward_funcs=reward_funcs, config=cfg.to_dict(), progress=run_state,
-                                keep=cfg.save_total_limit, process_states=states, ref_model=moving_ref,
-                                sharded=sharded)
+        if checkpoint_due(cfg, step):
+            save_step_checkpoint(cfg, out, step, model=model, policy=policy, sampler=sampler, reward_funcs=reward_funcs,
+                                 run_state=run_state, bar=bar, optimizer=optimizer, scheduler=scheduler,
+                                 ref_model=moving_ref)
     log.close()
     if tools is not None:
         tools.worker.close()
 
-    summary = after = None
-    with distributed.full_weights(policy):
-        if main:
-            after = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
+    after = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
+                             label=progress and "after training")
+    summary = None
     # FSDP2: the whole model gathered to rank 0, which saves it as one ordinary folder
     full_state = distributed.full_state_dict(model) if distributed.is_sharded(policy) and cfg.save_model else None
     if main:  # rank 0 evaluates, saves and writes; every rank returns its summary

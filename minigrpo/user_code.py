@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-__all__ = ["load_callable"]
+__all__ = ["load_callable", "callable_name"]
 
 
 def load_callable(spec: str, key: str, error: type[Exception] = ValueError):
@@ -32,3 +32,16 @@ def load_callable(spec: str, key: str, error: type[Exception] = ValueError):
     if not callable(func):
         raise error(f"{key}: {spec!r} is a {type(func).__name__}, not a function")
     return func
+
+
+def callable_name(func) -> str:
+    """The name config.yaml records for a function handed over from Python: "module:function" (what load_callable
+    reads back) for a function of an importable module; "__main__:function" for one defined in the script or
+    notebook that runs (it cannot be reloaded from the file without running the script again); for an object
+    with no name (a reward model, a functools.partial), its class. A bound method is "module:Class.method"."""
+    module = getattr(func, "__module__", None)
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if module is None or name is None:
+        inner = getattr(func, "func", None)  # functools.partial
+        return f"partial({callable_name(inner)})" if inner is not None else f"<{type(func).__name__} object>"
+    return f"{module}:{name}"

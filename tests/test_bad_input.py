@@ -63,11 +63,11 @@ def test_a_reward_function_that_raises_mid_run_is_named_and_loses_nothing(tmp_pa
     run = tmp_path / "run"
     assert steps_written(run) == [1] and latest_checkpoint(run).name == "step-000001.pt"
 
-    def fixed(prompts, completions, **row):
+    def flaky(prompts, completions, **row):  # fixed in place: the checkpoint knows the run's reward functions by name
         return [float(i % 2) for i in range(len(completions))]
 
     summary = train(config(tmp_path, random_model_dir, save_steps=1, resume_from_checkpoint=str(run)),
-                    reward_funcs=[fixed], progress=False)
+                    reward_funcs=[flaky], progress=False)
     assert summary["resumed_from_step"] == 1 and steps_written(run) == [1, 2, 3]
 
 
@@ -212,7 +212,11 @@ def test_prompts_longer_than_the_context_are_refused_before_training(tmp_path, r
     "argv, expected",
     [
         (["--num-generations", "1"], "num_generations: must be >= 2 (a group of one has no baseline)"),
-        (["--num-generatons", "4"], "num_generatons: unknown config key"),
+        (["--num-generatons", "4"], "num_generatons: unknown config key; did you mean num_generations?"),
+        (["--loss-type", "gspo"], "loss_type: 'gspo' is not one of grpo, bnpo, dapo, dr_grpo, luspo, cispo, clip_cov, "
+                                  "gmpo, gpg, kl_cov, sapo, vespo; GSPO is a ratio, not a loss type: "
+                                  "importance_sampling_level sequence (--importance-sampling-level sequence), with "
+                                  "loss_type grpo or another token loss"),
         (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, reasoning_gym, think_addition, tool_addition"),
         (["--eval-limit", "0"], "eval_limit: must be >= 1, got 0"),
         (["--save-steps", "-5"], "save_steps: must be >= 0, got -5"),
@@ -226,7 +230,8 @@ def test_bad_flags_are_one_line_naming_the_key(capsys, argv, expected):
 def test_an_unknown_key_in_a_yaml_file_is_named(tmp_path, capsys):
     (tmp_path / "run.yaml").write_text("num_generations: 4\nlearning_rat: 0.001\n")
     assert main(["train", "--config", str(tmp_path / "run.yaml")]) == 2
-    assert capsys.readouterr().err.strip() == "minigrpo train: error: learning_rat: unknown config key"
+    assert capsys.readouterr().err.strip() == ("minigrpo train: error: learning_rat: unknown config key; did you "
+                                               "mean learning_rate?")
 
 
 def test_a_missing_model_directory_is_named(tmp_path, capsys):

@@ -32,7 +32,11 @@ def test_yaml_then_flags(tmp_path):
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        ({"num_generation": 8}, "num_generation: unknown config key"),
+        ({"num_generation": 8}, "num_generation: unknown config key; did you mean num_generations?"),
+        ({"per_device_train_batch_size": 8}, "per_device_train_batch_size: TRL's name; minigrpo's Config has "
+                                             "generation_batch_size"),
+        ({"loss_type": "gspo"}, "loss_type: 'gspo' is not one of .*; GSPO is a ratio, not a loss type: "
+                                "importance_sampling_level sequence"),
         ({"loss_type": "ppo"}, "loss_type: 'ppo' is not one of"),
         ({"num_generations": 1}, "num_generations: must be >= 2"),
         ({"generation_batch_size": 10}, "generation_batch_size: 10 is not a multiple"),
@@ -56,7 +60,8 @@ def test_yaml_must_be_a_mapping(tmp_path):
 
 def test_cli_prints_one_line_errors(capsys, tmp_path):
     assert main(["train", "--num-generatons", "4"]) == 2
-    assert capsys.readouterr().err.strip() == "minigrpo train: error: num_generatons: unknown config key"
+    assert capsys.readouterr().err.strip() == ("minigrpo train: error: num_generatons: unknown config key; did you "
+                                               "mean num_generations?")
     assert main(["train", "--model", str(tmp_path / "nowhere"), "--max-steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "nowhere" in err and "not a directory" in err

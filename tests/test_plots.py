@@ -218,3 +218,23 @@ def test_a_run_with_tools_gets_calls_beside_accuracy_and_length(tmp_path):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     assert "tools.png" in [p.name for p in plot_runs([tmp_path / "tools"], tmp_path / "a")]
     assert "tools.png" not in [p.name for p in plot_runs([tmp_path / "plain"], tmp_path / "b")]
+
+
+def test_plot_runs_names_each_accuracy_sample_and_knows_an_on_policy_run(tmp_path):
+    import json
+
+    import yaml
+
+    from minigrpo.lab.plots import eval_label, on_policy, plot_runs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**m, "clip_ratio/region_mean": 0.0}) + "\n" for m in METRICS))
+    (run / "config.yaml").write_text(yaml.safe_dump({"eval_num_problems": 200, "eval_steps": 5, "num_iterations": 1,
+                                                     "steps_per_generation": 1}))
+    (run / "summary.json").write_text(json.dumps({"num_test_problems": 50, "steps": 3, "accuracy_before": 0.3,
+                                                  "accuracy_after": 0.7}))
+    assert eval_label(run) == "greedy, first 50 held-out problems, every 5 steps"  # 200 asked, 50 there
+    assert on_policy(yaml.safe_load((run / "config.yaml").read_text()))
+    assert not on_policy({"num_iterations": 2}) and not on_policy({"steps_per_generation": 4})
+    assert {p.name for p in plot_runs([run], tmp_path / "plots")} >= {"accuracy.png", "length.png", "clip_entropy.png"}

@@ -92,7 +92,8 @@ def test_the_loss_mask_is_the_policys_tokens_unless_deliberately_not(tmp_path, c
 
     monkeypatch.setattr(trainer, "grpo_update", recording_update)
     for bug in (False, True):
-        trainer.train(config(tmp_path, chat_model_dir, max_steps=1, train_on_tool_output=bug),
+        trainer.train(config(tmp_path, chat_model_dir, max_steps=1, train_on_tool_output=bug,
+                             output_dir=str(tmp_path / f"run_{bug}")),
                       reward_funcs=[constant_reward], tools=[add], progress=False)
     masked, unmasked = seen[False], seen[True]
     tool_tokens = masked.completion_mask * (1 - masked.tool_mask)

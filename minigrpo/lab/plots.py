@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import torch
 
 __all__ = [
-    "load_metrics", "load_summary", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
+    "load_metrics", "load_summary", "load_config", "on_policy", "eval_label", "flat_note", "smooth", "plot_curve", "plot_completion_lengths", "plot_advantage_histogram",
     "plot_run_overview", "plot_run_comparison", "plot_length_drift", "plot_before_after", "plot_runs",
     "plot_critic", "plot_advantage_variance", "plot_critic_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
@@ -253,7 +253,7 @@ def plot_before_after(run_dirs: list[str | Path], ax) -> None:
         if path.exists():
             s = json.loads(path.read_text())
             ax.plot([0, s["steps"]], [s["accuracy_before"], s["accuracy_after"]], "k*", markersize=9,
-                    label=f"{Path(d).name}: before / after ({s['num_test_problems']} test problems)")
+                    label=f"{Path(d).name}: before / after (greedy, all {s['num_test_problems']} held-out problems)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
 
@@ -278,6 +278,37 @@ def plot_sampling_mismatch(runs: dict[str, list[dict]], *, axes=None):
 
 
 FRACTIONS = ("frac_reward_zero_std", "eval/accuracy_greedy")  # drawn on 0..1 (FRACTION_YLIM)
+SHARED_Y = ("length.png",)  # panels of one quantity compared across them (all / right / wrong answers): one y range
+
+
+def load_config(run_dir: str | Path) -> dict:
+    """run_dir/config.yaml (the settings the run used), or {} when there is none."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+
+
+def on_policy(config: dict) -> bool:
+    """Whether a run's ratio pi / pi_old is exactly 1 at every update: one optimizer step per batch
+    (num_iterations 1, steps_per_generation 1), so nothing can be clipped (trainer.py: old_logp = logp.detach())."""
+    return config.get("num_iterations", 1) == 1 and config.get("steps_per_generation", 1) == 1
+
+
+def eval_label(run_dir: str | Path) -> str:
+    """What a run's in-training accuracy points are: "greedy, first 200 held-out problems, every 10 steps"."""
+    config, summary_path = load_config(run_dir), Path(run_dir) / "summary.json"
+    if not config:
+        return "greedy, held-out problems"
+    total = json.loads(summary_path.read_text()).get("num_test_problems") if summary_path.exists() else None
+    n = min(config.get("eval_num_problems", 200), total or math.inf)
+    return f"greedy, first {n} held-out problems, every {config.get('eval_steps')} steps"
+
+
+def flat_note(ax, text: str) -> None:
+    """A note across a panel that is flat by construction, so a line at 0 is not read as a finding."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.25", wrap=True,
+            bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.7", "alpha": 0.9})
 
 
 def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 10) -> list[Path]:
@@ -305,12 +336,23 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
             ("eval/accuracy_greedy", "greedy accuracy", "held-out greedy accuracy"),
             ("completions/mean_length", "tokens", "the policy's tokens per completion"),
         ]
+    # The in-training accuracy's legend names its sample (the stars name theirs: the whole test split)
+    eval_runs = {f"{Path(d).name}: {eval_label(d)}": metrics for d, metrics in zip(run_dirs, runs.values())}
+    all_on_policy = all(on_policy(load_config(d)) for d in run_dirs)
     paths = []
     for filename, panels in figures.items():
-        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False,
+                                 sharey=filename in SHARED_Y)
         for ax, (key, ylabel, title) in zip(axes[0], panels):
-            plot_curve(runs, key, ax=ax, ylabel=ylabel, title=title, window=1 if key.startswith("eval/") else window,
-                       style="o-" if key.startswith("eval/") else "-", ylim=FRACTION_YLIM if key in FRACTIONS else None)
+            is_eval = key.startswith("eval/")
+            plot_curve(eval_runs if is_eval else runs, key, ax=ax, ylabel=ylabel, title=title,
+                       window=1 if is_eval else window, style="o-" if is_eval else "-",
+                       ylim=FRACTION_YLIM if key in FRACTIONS else None)
+            if key == "clip_ratio/region_mean" and all_on_policy:
+                flat_note(ax, "0 by construction: one optimizer step per batch (num_iterations 1,\n"
+                              "steps_per_generation 1), so pi / pi_old = 1 and no token is clipped")
+        if filename in SHARED_Y:
+            axes[0][0].set_ylim(bottom=0)
         if filename in ("accuracy.png", "tools.png"):
             plot_before_after(run_dirs, axes[0][0 if filename == "accuracy.png" else 1])
         fig.tight_layout()

@@ -142,6 +142,13 @@ class AnswerTask(Task):
         if self.grader not in GRADERS:
             raise ValueError(f"grader: {self.grader!r} is not one of {', '.join(GRADERS)}")
 
+    def prepare_row(self, row: dict) -> dict:
+        """TRL's math datasets (trl-lib/DeepMath-103K, the accuracy_reward examples) call the answer "solution":
+        a row without an "answer" gets its "solution" as one (the "solution" column stays, for TRL's rewards)."""
+        if "answer" not in row and "solution" in row:
+            return {**row, "answer": row["solution"]}
+        return row
+
     def extract_answer(self, completion: str) -> str | None:
         return final_answer(completion)
 

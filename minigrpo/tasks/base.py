@@ -58,11 +58,17 @@ class Task:
             if not path.exists():
                 raise FileNotFoundError(f"{path} not found; rebuild it with `python {self.data_script}`")
             return read_rows(path, self.required_columns, self.prepare_row)
-        rows = [self.prepare_row(row) for row in read_dataset(dataset, split, dataset_config or self.dataset_config)]
+        rows = read_dataset(dataset, split, dataset_config or self.dataset_config)
+        return self.checked_rows(rows, f"dataset_name: {dataset} ({split} split)")
+
+    def checked_rows(self, rows: list[dict], source: str) -> list[dict]:
+        """Rows read elsewhere (a dataset file, or a datasets.Dataset handed to train()), each passed through
+        ``prepare_row`` and checked; a bad row is a DataError naming ``source`` and the row's number."""
+        rows = [self.prepare_row(row) for row in rows]
         for number, row in enumerate(rows, start=1):
             problem = check_row(row, self.required_columns)
             if problem:
-                raise DataError(f"dataset_name: {dataset} ({split} split), row {number}: {problem}")
+                raise DataError(f"{source}, row {number}: {problem}")
         return rows
 
     def prepare_row(self, row: dict) -> dict:

@@ -13,12 +13,13 @@ Rows come back as plain dicts, one per problem; every column is kept (TRL hands 
 the task's job (base.check_row). Nothing here needs a model.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
 from ..errors import MinigrpoError
 
-__all__ = ["read_dataset", "held_out_size", "json_lines", "DataError"]
+__all__ = ["read_dataset", "held_out_size", "json_lines", "DataError", "dataset_rows", "hold_out", "describe_rows"]
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -46,11 +47,14 @@ def held_out_size(num_rows: int) -> int:
     return 0 if num_rows < 2 else min(500, max(1, num_rows // 10))
 
 
-def read_dataset(source: str, split: str, config: str | None = None) -> list[dict]:
-    """The rows of ``split`` from a local file or folder, or from the hub (see the module docstring)."""
+def read_dataset(source: str, split: str | None, config: str | None = None) -> list[dict]:
+    """The rows of ``split`` from a local file or folder, or from the hub (see the module docstring). A file with
+    split None: all its rows."""
     path = Path(source).expanduser()
     if path.is_file():
         rows = _read_file(path)
+        if split is None:
+            return rows
         n_test = held_out_size(len(rows))
         if split == "test":
             return rows[len(rows) - n_test:]
@@ -107,3 +111,35 @@ def _read_hub(name: str, split: str, config: str | None) -> list[dict]:
             f"Offline? Give a local copy instead: a .jsonl/.parquet file or a folder with {split} files"
         ) from None
     return [dict(row) for row in dataset]
+
+
+def dataset_rows(dataset, argument: str = "train_dataset") -> list[dict]:
+    """A dataset handed over from Python as a list of row dicts: a `datasets.Dataset`, or a list of dicts (TRL's
+    formats: a "prompt" string or list of messages, any other columns). A streaming IterableDataset, a
+    DatasetDict or anything else is a one-line DataError naming the argument."""
+    if isinstance(dataset, list) and all(isinstance(row, dict) for row in dataset):
+        return [dict(row) for row in dataset]
+    kind = type(dataset).__name__
+    if kind == "DatasetDict":
+        raise DataError(f"{argument}: a DatasetDict of splits ({', '.join(dataset)}); pass one split, e.g. "
+                        f"dataset[{next(iter(dataset), 'train')!r}]")
+    if kind == "IterableDataset" or not hasattr(dataset, "__len__") or not hasattr(dataset, "column_names"):
+        raise DataError(f"{argument}: expected a datasets.Dataset or a list of dicts, got a {kind} (a streaming "
+                        f"dataset must be materialised first: Dataset.from_list(list(stream.take(n))))")
+    return [dict(row) for row in dataset]
+
+
+def hold_out(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(train, test) of one pool of rows, as for a single file: the last tenth (held_out_size) is the test split."""
+    n_test = held_out_size(len(rows))
+    return rows[: len(rows) - n_test], rows[len(rows) - n_test:]
+
+
+def describe_rows(rows: list[dict], source: str = "rows") -> str:
+    """What config.yaml records for rows handed over as an object: how many, their columns, and a hash of their
+    content (the same rows give the same text, so a resumed run is checked against the data it started with)."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+    columns = sorted({key for row in rows for key in row})
+    return f"<{source}: {len(rows)} rows, columns {', '.join(columns)}; sha256 {digest.hexdigest()[:12]}>"

@@ -1,0 +1,134 @@
+"""TRL's GRPOTrainer, as a thin door to minigrpo's `train()`: the same arguments, the same objects, no second loop.
+
+TRL's quick start runs with its import changed:
+
+    from datasets import load_dataset
+    from minigrpo import GRPOTrainer                  # was: from trl import GRPOTrainer
+    from trl.rewards import accuracy_reward
+
+    dataset = load_dataset("trl-lib/DeepMath-103K", split="train")
+    trainer = GRPOTrainer(model="Qwen/Qwen2-0.5B-Instruct", reward_funcs=accuracy_reward, train_dataset=dataset)
+    trainer.train()
+
+What it accepts, as TRL does: `model` a hub id, a local path or a loaded model; `reward_funcs` one or a list of
+functions with TRL's signature, reward names or "module:function" specs (rewards.build_reward_funcs), or model
+paths where minigrpo scores with reward models; `args` a GRPOConfig (TRL's names, grpo_config.py) or minigrpo's
+Config; `train_dataset` / `eval_dataset` a datasets.Dataset or a list of rows (TRL's "prompt" column, a string or
+chat messages, and any other columns for the reward functions); `processing_class` the tokenizer; `peft_config` a
+peft LoraConfig (its r, lora_alpha, lora_dropout, target_modules); `tools` and `environment_factory` as in TRL.
+Without an eval_dataset the last tenth of train_dataset is held out for minigrpo's before / after evaluation, as
+for a single file (said when training starts). What minigrpo does not have (callbacks, optimizers, rollout_func,
+reward_processing_classes) is refused in one line.
+
+`train()` calls `minigrpo.trainer.train(config, ...)`, the loop a student reads, and returns its summary (accuracy
+before and after, steps, time); the run's folder holds config.yaml (what ran, in minigrpo's names), metrics.jsonl,
+completions.jsonl, summary.json, plots/ and the model.
+"""
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from .config import Config, ConfigError
+from .grpo_config import GRPOConfig
+
+__all__ = ["GRPOTrainer"]
+
+
+class GRPOTrainer:
+    """TRL's GRPOTrainer signature over minigrpo's train(). See the module's docstring."""
+
+    def __init__(self, model, reward_funcs, args: GRPOConfig | Config | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+                 optimizers=(None, None), peft_config=None, tools=None, rollout_func=None, environment_factory=None):
+        refused = {"callbacks": (callbacks, "minigrpo has no callbacks: read metrics.jsonl, or report_to"),
+                   "optimizers": (None if optimizers == (None, None) else optimizers,
+                                  "minigrpo makes AdamW and its schedule from the config (learning_rate, ...)"),
+                   "rollout_func": (rollout_func, "minigrpo samples with its decode loop, vLLM or tools"),
+                   "reward_processing_classes": (reward_processing_classes,
+                                                 "a reward model is scored with its own tokenizer")}
+        for name, (value, instead) in refused.items():
+            if value is not None:
+                raise ConfigError(f"{name}: TRL's argument, not in minigrpo ({instead})")
+        if isinstance(eval_dataset, dict):
+            raise ConfigError("eval_dataset: a dict of datasets; minigrpo evaluates on one: pass one of them")
+        model_name = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", "") or "model"
+        if args is None:  # as TRL names the folder
+            args = GRPOConfig(f"{Path(str(model_name)).name}-GRPO")
+        changes = {"model_name_or_path": str(model)} if isinstance(model, (str, Path)) else {}
+        if isinstance(args, GRPOConfig) and args.task is None and train_dataset is not None:
+            changes["task"] = "answer"  # your rows, their final answers graded (a "solution" column counts)
+        self.args = dataclasses.replace(args, **changes, **lora_fields(peft_config)) if changes or peft_config else args
+        self.model = None if isinstance(model, (str, Path)) else model
+        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        self.train_dataset, self.eval_dataset, self.processing_class = train_dataset, eval_dataset, processing_class
+        self.tools, self.environment_factory = tools, environment_factory
+        self.summary: dict | None = None
+
+    def config(self, resume_from_checkpoint: bool | str | None = None) -> Config:
+        """The Config train() runs with: GRPOConfig's TRL counts turned into minigrpo's, for this dataset's size.
+        resume_from_checkpoint: TRL's: True = the newest checkpoint in output_dir, or a path."""
+        cfg = self.args
+        if isinstance(cfg, GRPOConfig):
+            from .tasks.sources import held_out_size
+
+            rows = None
+            if self.train_dataset is not None:
+                rows = len(self.train_dataset)
+                rows -= held_out_size(rows) if self.eval_dataset is None else 0
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by accelerate launch / torchrun
+            cfg = cfg.to_config(num_train_rows=rows, world_size=world_size)
+        if resume_from_checkpoint:
+            resume = cfg.output_dir if resume_from_checkpoint is True else str(resume_from_checkpoint)
+            cfg = dataclasses.replace(cfg, resume_from_checkpoint=resume)
+        return cfg
+
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> dict:
+        """Train with minigrpo's train(); returns its summary. Ctrl-C stops with one line naming the newest
+        checkpoint and how to resume (trainer.train(resume_from_checkpoint=True))."""
+        from .run import say, stopped_line
+        from .trainer import train
+
+        cfg = self.config(resume_from_checkpoint)
+        if self.train_dataset is not None and self.eval_dataset is None:
+            say("GRPOTrainer: no eval_dataset, so the last tenth of train_dataset is held out for the evaluation "
+                "before and after training")
+        prompts = cfg.generation_batch_size // cfg.num_generations
+        say(f"GRPOTrainer: {cfg.max_steps} steps of {cfg.generation_batch_size} completions ({prompts} "
+            f"prompt{'s' * (prompts != 1)} x {cfg.num_generations}), loss {cfg.loss_type}, into {cfg.output_dir}")
+        progress = not getattr(self.args, "disable_tqdm", False)
+        try:
+            self.summary = train(cfg, reward_funcs=self.reward_funcs, tools=self.tools,
+                                 environment_factory=self.environment_factory, progress=progress, model=self.model,
+                                 processing_class=self.processing_class, train_dataset=self.train_dataset,
+                                 eval_dataset=self.eval_dataset)
+        except KeyboardInterrupt:
+            print(stopped_line(Path(cfg.output_dir), "trainer.train(resume_from_checkpoint=True)"), file=sys.stderr)
+        return self.summary
+
+    def save_model(self, output_dir: str | None = None) -> Path:
+        """TRL's save_model: minigrpo saved the trained model (or adapter) into output_dir/model when training
+        ended; with another folder, it is copied there. Returns the folder that holds it."""
+        import shutil
+
+        saved = Path(self.config().output_dir) / "model"
+        if output_dir is None or Path(output_dir).resolve() in (saved.resolve(), saved.parent.resolve()):
+            return saved
+        shutil.copytree(saved, output_dir, dirs_exist_ok=True)
+        return Path(output_dir)
+
+
+def lora_fields(peft_config) -> dict:
+    """A peft LoraConfig as minigrpo's fields (TRL's ModelConfig names): use_peft, lora_r, lora_alpha, lora_dropout,
+    lora_target_modules. What minigrpo's LoRA does not do (DoRA, rsLoRA, biases, modules_to_save) is one line."""
+    if peft_config is None:
+        return {}
+    for option, off in (("use_dora", False), ("use_rslora", False), ("bias", "none"), ("modules_to_save", None)):
+        if getattr(peft_config, option, off) not in (off, None):
+            raise ConfigError(f"peft_config: {option}={getattr(peft_config, option)!r} is not in minigrpo's LoRA "
+                              "(plain LoRA on the blocks' linear layers: r, lora_alpha, lora_dropout, target_modules)")
+    targets = peft_config.target_modules
+    targets = sorted(targets) if isinstance(targets, (set, list, tuple)) else targets
+    return {"use_peft": True, "lora_r": peft_config.r, "lora_alpha": peft_config.lora_alpha,
+            "lora_dropout": peft_config.lora_dropout, "lora_target_modules": targets}
