@@ -412,7 +412,8 @@ def _block_weight_grad(grad_weight, hidden_block, weight, token_ids, scale, temp
     grad_logits[torch.arange(len(grad_logits)), token_ids] += scale  # + (g / tau) onehot(o)
     grad_logits = grad_logits.to(weight.dtype)
     if grad_weight.dtype == weight.dtype:  # summed in place: no (V, H) temporary per block
-        grad_weight.addmm_(grad_logits.T, hidden_block)
+        # (addmm_'s kernel, in the out= form that torch's FlopCounterMode counts; it does not count addmm_)
+        torch.addmm(grad_weight, grad_logits.T, hidden_block, out=grad_weight)
     else:  # autocast: each block's product in its dtype, summed in the weight's
         grad_weight += (grad_logits.T @ hidden_block).to(grad_weight.dtype)
 

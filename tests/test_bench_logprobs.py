@@ -13,8 +13,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 def test_every_side_times_and_measures_one_pass(side):
     if side == "trl":
         pytest.importorskip("trl")
-    timed = run_side(dict(measure="time", side=side, threads=1, repeats=2, quick=True))
-    assert len(timed["cpu"]) == len(timed["wall"]) == 2 and all(t > 0 for t in timed["wall"])
+    timed = run_side(dict(measure="time", side=side, threads=1, repeats=2, quick=True, flops=True))
+    assert len(timed["cpu"]) == len(timed["wall"]) == 2 and all(t > 0 for t in timed["wall"]) and timed["flops"] > 0
     measured = run_side(dict(measure="memory", side=side, threads=1, quick=True))
     assert measured["live"] > 0 and measured["rss"] >= 0 and measured["logits_copy"] == 4 * 16 * 4096 * 4
 
@@ -26,9 +26,10 @@ def test_a_side_runs_in_a_process_of_its_own_with_a_checkout_s_package():
 
 def test_the_tables_give_ratios_to_the_plain_path_and_the_head_s_share():
     mib = 2**20
-    times = {"shared prefix": {"cpu": [3.0, 3.0], "wall": [3.5]}, "plain": {"cpu": [4.0], "wall": [4.0]}}
+    times = {"shared prefix": {"cpu": [3.0, 3.0], "wall": [3.5], "flops": 3e12},
+             "plain": {"cpu": [4.0], "wall": [4.0], "flops": 4e12}}
     memory = {"body alone": dict(rss=100 * mib, live=80 * mib, logits_copy=1000 * mib),
               "shared prefix": dict(rss=300 * mib, live=280 * mib, logits_copy=1000 * mib)}
     table = format_tables(times, memory)
-    assert "| shared prefix | 3.00 | 3.50 | 0.75 |" in table
+    assert "| shared prefix | 3.00 | 3.50 | 0.75 | 3.000 | 0.75 |" in table
     assert "| shared prefix | 300 | 280 | 0.20 | 0.20 |" in table

@@ -6,7 +6,8 @@ The log-probs of the completion tokens, with their gradient, are most of a train
   time    Qwen2.5-0.5B's width (hidden 896, 14 query / 2 key-value heads, MLP 4,864), 6 blocks, a 32,768-token
           vocabulary, tied embedding and head, every weight trained; one 154-token prompt, G = 8 completions of 256
           tokens; log-probs and entropies (as the trainer asks for them), forward + backward. CPU time and wall
-          time of one pass: the median over `--repeats` passes after a warm-up, in each of `--rounds` rounds.
+          time of one pass: the median over `--repeats` passes after a warm-up, in each of `--rounds` rounds;
+          and the pass's matrix-multiply FLOPs (torch's FlopCounterMode), what no implementation can do without.
   memory  the same width, 2 blocks, Qwen2.5's 151,936-token vocabulary, the tied embedding and head frozen (as
           under LoRA); two 32-token prompts x G = 4 completions of varied length (64 to 256 tokens); the peak one
           pass adds above what was live before it, read two ways: the resident set (peak_memory.PeakMemory, what
@@ -134,6 +135,21 @@ def _pass_function(side: str, model, ids):
     return one_pass
 
 
+def _matmul_flops(one_pass) -> int:
+    """The matrix-multiply FLOPs of one pass (torch's FlopCounterMode: matmuls and attention, not elementwise
+    work). An in-place addmm_ (the head's weight gradient in older checkouts) is counted like addmm."""
+    from torch.utils import flop_counter
+
+    if torch.ops.aten.addmm_ not in flop_counter.flop_registry:
+        def addmm_inplace_flop(self_shape, a_shape, b_shape, *args, **kwargs):
+            return flop_counter.mm_flop(a_shape, b_shape)
+
+        flop_counter.register_flop_formula(torch.ops.aten.addmm_)(addmm_inplace_flop)
+    with flop_counter.FlopCounterMode(display=False) as counter:
+        one_pass()
+    return counter.get_total_flops()
+
+
 def _load_live_tensor_bytes():
     """live_tensors.LiveTensorBytes from this file's own checkout (the side's checkout may not have it)."""
     import importlib.util
@@ -162,6 +178,8 @@ def run_side(job: dict) -> dict:
             one_pass()
             result["wall"].append(time.perf_counter() - wall)
             result["cpu"].append(time.process_time() - cpu)
+        if job.get("flops"):
+            result["flops"] = _matmul_flops(one_pass)
         return result
     from minigrpo.peak_memory import PeakMemory
 
@@ -208,10 +226,12 @@ def measure_time(args, sides) -> dict:
     results = {label: {"cpu": [], "wall": []} for label, _, _ in sides}
     for round_index in range(args.rounds):
         for label, side, checkout in sides if round_index % 2 == 0 else sides[::-1]:
-            job = dict(measure="time", side=side, threads=args.threads, repeats=args.repeats, quick=args.quick)
+            job = dict(measure="time", side=side, threads=args.threads, repeats=args.repeats, quick=args.quick,
+                       flops=round_index == 0)  # the count is the same every round
             out = _run_worker(job, checkout)
             results[label]["cpu"] += out["cpu"]
             results[label]["wall"] += out["wall"]
+            results[label]["flops"] = out.get("flops", results[label].get("flops"))
             print(f"  time, round {round_index + 1}: {label}: CPU {statistics.median(out['cpu']):.2f} s, wall "
                   f"{statistics.median(out['wall']):.2f} s", flush=True)
     return results
@@ -231,11 +251,14 @@ def measure_memory(args, sides) -> dict:
 def format_tables(times: dict | None, memory: dict | None) -> str:
     lines = []
     if times:
-        plain = statistics.median(times[SIDES["plain"]]["cpu"])
-        lines += ["| side | CPU s (median) | wall s (median) | CPU / plain |", "|---|---|---|---|"]
+        plain = times[SIDES["plain"]]
+        lines += ["| side | CPU s (median) | wall s (median) | CPU / plain | matmul TFLOP | TFLOP / plain |",
+                  "|---|---|---|---|---|---|"]
         for label, t in times.items():
             cpu, wall = statistics.median(t["cpu"]), statistics.median(t["wall"])
-            lines.append(f"| {label} | {cpu:.2f} | {wall:.2f} | {cpu / plain:.2f} |")
+            flops = (f"{t['flops'] / 1e12:.3f} | {t['flops'] / plain['flops']:.2f}" if t.get("flops")
+                     and plain.get("flops") else "n/a | n/a")
+            lines.append(f"| {label} | {cpu:.2f} | {wall:.2f} | {cpu / statistics.median(plain['cpu']):.2f} | {flops} |")
     if memory:
         body = memory["body alone"]
         lines += ["", "| side | resident MiB | live tensors MiB | head share, resident | head share, live tensors |",
