@@ -125,7 +125,10 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
                      gradients a w      AdamW moments 2 a w
         ppo-critic   grpo-full for the policy and for a critic of the same decoder with a scalar head
 
-    AdamW keeps its moments in the parameters' dtype, hence w for them too.
+    AdamW keeps its moments in the parameters' dtype, hence w for them too. Every number in w bytes: what a run
+    whose every weight is in that dtype holds (peft's float32 adapter: `recipe_floor`). Each row also gives
+    matmul_weights, the weights the blocks' linear layers and the output head multiply with (q + the head's V H):
+    what 16-bit autocast copies when they are float32 (`recipe_floor`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -146,7 +149,7 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
     def row(weights, trainable, total):
         grads, moments = trainable * w, 2 * trainable * w
         return {"weights": weights, "gradients": grads, "optimizer": moments, "total": weights + grads + moments,
-                "trainable_params": trainable, "total_params": total}
+                "trainable_params": trainable, "total_params": total, "matmul_weights": q + head.weight.numel()}
 
     return {
         "grpo-full": row(p * w, p, p),
@@ -162,8 +165,14 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) -> dict:
     """The memory of a training run's config (a recipe), computed from its shapes, not measured:
 
-        static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), plus a
-                     frozen reference copy when beta > 0 without LoRA
+        static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), with
+                     what peft keeps in float32 whatever the dtype: LoRA's A and B (its autocast_adapter_dtype),
+                     and for a 4-bit base every weight bitsandbytes does not quantize (prepare_model_for_kbit_training
+                     casts them: the embeddings, tied to the head, and the norms; tests/test_memory.py checks both
+                     on a loaded model); plus a frozen reference copy when beta > 0 without LoRA
+        autocast     float32 weights trained under bf16 / fp16 (full fine-tuning, dtype float32): autocast's 16-bit
+                     copy of every weight a matrix product uses, which the product keeps for backward (2 bytes x
+                     `matmul_weights`; with gradient_checkpointing one block's and the head's)
         logits       the output head's working set: logprobs.py runs the head over blocks of tokens and never holds
                      more than one block's logits (BLOCK_ELEMENTS, 220 tokens x V at Qwen's vocabulary), its softmax
                      and, in backward, its gradient: 3 float32 copies of a block (the whole mini-batch's logits,
@@ -181,7 +190,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     the rest).
 
     Left out: the decode loop's KV cache while sampling (without vLLM), the CUDA context (~0.5 GB), allocator
-    slack and fragmentation. LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB).
+    slack and fragmentation.
     """
     from ..tasks import get_task
 
@@ -193,8 +202,14 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
 
         config = AutoConfig.from_pretrained(name or get_task(cfg.task).model_dir)
     setup = "grpo-qlora" if cfg.load_in_4bit else "grpo-lora" if cfg.use_peft else "grpo-full"
-    row = estimate_static_bytes(config, weight_bytes=DTYPE_BYTES[cfg.dtype], lora_r=cfg.lora_r,
-                                target_modules=cfg.lora_target_modules, nested_quant=cfg.use_bnb_nested_quant)[setup]
+    static = functools.partial(estimate_static_bytes, config, lora_r=cfg.lora_r, target_modules=cfg.lora_target_modules,
+                               nested_quant=cfg.use_bnb_nested_quant)
+    row = static(weight_bytes=DTYPE_BYTES[cfg.dtype])[setup]
+    if cfg.use_peft:  # the adapter in float32; with 4 bits, every weight not quantized too
+        as_float32 = static(weight_bytes=4)[setup]
+        adapter = row["trainable_params"]
+        weights = as_float32["weights"] if cfg.load_in_4bit else row["weights"] + adapter * (4 - DTYPE_BYTES[cfg.dtype])
+        row = {**as_float32, "weights": weights, "total": weights + as_float32["gradients"] + as_float32["optimizer"]}
     reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if cfg.beta > 0 and not cfg.use_peft else 0
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
@@ -203,7 +218,12 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
 
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
-    activation_bytes = 2 if (cfg.bf16 or cfg.dtype != "float32") else 4
+    activation_bytes = 2 if (cfg.bf16 or cfg.fp16 or cfg.dtype != "float32") else 4
+    autocast_copies = 0
+    if (cfg.bf16 or cfg.fp16) and cfg.dtype == "float32" and not cfg.use_peft:
+        head = config.vocab_size * config.hidden_size
+        block_weights = (row["matmul_weights"] - head) // (config.num_hidden_layers if cfg.gradient_checkpointing else 1)
+        autocast_copies = 2 * (block_weights + head)
     prompts = (distinct_prompts(mini_batch, cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation)
                if cfg.shared_prefix else mini_batch)
     tokens = prompts * prompt_length + mini_batch * completion_length  # through the model, each prompt once if shared
@@ -216,9 +236,9 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     else:
         activations = (tokens * layer_bytes + prompt_kv_copies) * config.num_hidden_layers
     floor = {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
-             "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length,
-             "prompt_length": prompt_length, "prompts": prompts,
-             "floor": row["total"] + reference + logits + activations}
+             "autocast_copies": autocast_copies, "block_tokens": block_tokens, "mini_batch": mini_batch,
+             "completion_length": completion_length, "prompt_length": prompt_length, "prompts": prompts,
+             "floor": row["total"] + reference + logits + activations + autocast_copies}
     if cfg.use_vllm:
         floor["vllm"] = vllm_engine_bytes(config, row["total_params"] - row["trainable_params"] * cfg.use_peft,
                                           DTYPE_BYTES[cfg.dtype], cfg.generation_batch_size,
@@ -259,7 +279,10 @@ def format_recipe_table(path: str, floor: dict) -> str:
             (f"logits, one block of the head ({floor['block_tokens']} tokens x vocabulary, 3 float32 copies)",
              floor["logits"]),
             (f"activations, estimated ({floor['prompts']} x {floor['prompt_length']} prompt + {floor['mini_batch']} x "
-             f"{floor['completion_length']} completion tokens)", floor["activations"]), ("**total**", floor["floor"])]
+             f"{floor['completion_length']} completion tokens)", floor["activations"])]
+    if floor["autocast_copies"]:
+        rows.append(("16-bit copies of the float32 weights (autocast, kept for backward)", floor["autocast_copies"]))
+    rows.append(("**total**", floor["floor"]))
     lines = [f"`{path}` ({floor['setup']}: {floor['trainable_params']:,} trainable of {floor['total_params']:,})", "",
              "| part | GiB |", "|---|---|"] + [f"| {name} | {gib(b)} |" for name, b in rows]
     if "vllm" in floor:
