@@ -32,6 +32,8 @@ a 2-core CPU measures in minutes.
 """
 
 import argparse
+import functools
+import gc
 import json
 import os
 import subprocess
@@ -81,8 +83,9 @@ def qwen_config(shape: str):
                            "rope_theta": 1e6, "rms_norm_eps": 1e-6, **sizes})
 
 
-def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
-    """A model directory for `shape`: the shipped tiny model, or a random Qwen2.5-shaped model saved in workdir."""
+def shape_dir(shape: str, workdir: str | os.PathLike, device: str = "cpu") -> Path:
+    """A model directory for `shape`: the shipped tiny model, or a random Qwen2.5-shaped model saved in workdir.
+    device: where the random weights are drawn (a GPU draws a 1.5B model in a second, a CPU in a minute)."""
     if shape == "tiny":
         from ..tasks import get_task
 
@@ -93,8 +96,8 @@ def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
     path = Path(workdir) / shape
     if not (path / "config.json").exists():
         torch.manual_seed(0)
-        # Saved in bfloat16 to halve the disk; every setup loads it back in its own dtype.
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+        with torch.device(device):  # saved in bfloat16 to halve the disk; every setup loads it in its own dtype
+            AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
     return path
 
 
@@ -222,7 +225,8 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     autocast_copies = 0
     if (cfg.bf16 or cfg.fp16) and cfg.dtype == "float32" and not cfg.use_peft:
         head = config.vocab_size * config.hidden_size
-        block_weights = (row["matmul_weights"] - head) // (config.num_hidden_layers if cfg.gradient_checkpointing else 1)
+        layers_held = 1 if cfg.gradient_checkpointing else config.num_hidden_layers  # their copies live at once
+        block_weights = (row["matmul_weights"] - head) * layers_held // config.num_hidden_layers
         autocast_copies = 2 * (block_weights + head)
     prompts = (distinct_prompts(mini_batch, cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation)
                if cfg.shared_prefix else mini_batch)
@@ -328,6 +332,58 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
     cfg = Config(num_generations=group_size, generation_batch_size=len(rewards), beta=beta)
     inputs = Batch.of_completions(*ids, adv=adv.to(ids[0].device), ref_logp=ref_logp)
     return grpo_update(model, optimizer, inputs, cfg, max_completion_length=ids[2].shape[1])[0]["loss"]
+
+
+def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, steps: int = 2) -> dict:
+    """The memory of cfg's training step, measured, beside `recipe_floor`'s prediction for the same shapes.
+
+    cfg.model_name_or_path must be a local directory (for a recipe's hub model, a random model of its shape:
+    `shape_dir`). The policy is loaded as the trainer loads it (run.load_policy: full, LoRA or QLoRA, dtype,
+    gradient checkpointing); the batch is generation_batch_size random completions of max_completion_length tokens
+    in groups of num_generations on prompt_length-token prompts (what `recipe_floor` assumes), and the update is the
+    trainer's own (`trainer.grpo_update`: its micro-batches, autocast, fp16's scaler), `steps` times; the last one
+    is measured (AdamW's moments exist from the first). What is left out is what recipe_floor leaves out: sampling
+    and its KV cache, vLLM, the reference's forward (ref_logp is given).
+
+    Returns {"peak_bytes": the peak over the measured step above what was live before the model was built
+    (CUDA: allocated tensors, so weights, gradients, moments and activations; a CPU: the resident set),
+    "predicted": recipe_floor(cfg, prompt_length), "seconds"}.
+    """
+    from ..batch import Batch
+    from ..mixed_precision import autocast_dtype, grad_scaler
+    from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+    from ..run import load_policy
+    from ..tasks import get_task
+    from ..trainer import grpo_update
+
+    device = torch.device(device)
+    completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
+    N, G = cfg.generation_batch_size, cfg.num_generations
+    gc.collect()  # what an earlier model left (reference cycles) is freed; what is still live is the baseline
+    reset_peak_memory(device)
+    baseline = current_memory_bytes(device)
+    t0 = time.perf_counter()
+    model, _ = load_policy(cfg, cfg.model_name_or_path, device)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate)
+    batch, _ = synthetic_batch(model.config.vocab_size, N // G, prompt_length, completion_length)
+    prompt_ids, prompt_mask = (batch[k].repeat_interleave(G, dim=0) for k in ("prompt_ids", "prompt_mask"))
+    completions, _ = synthetic_batch(model.config.vocab_size, N, 1, completion_length, seed=1)
+    inputs = Batch.of_completions(prompt_ids, prompt_mask, completions["completion_ids"],
+                                  completions["completion_mask"], adv=torch.randn(N)).to(device)
+    if cfg.beta > 0 and not cfg.kl_in_reward:
+        inputs.ref_logp = torch.zeros(N, completion_length, device=device)
+    dtype = autocast_dtype(cfg.bf16, cfg.fp16)
+    autocast = functools.partial(torch.autocast, device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+    scaler = grad_scaler(device, enabled=cfg.fp16)
+    for step in range(steps):
+        if step == steps - 1:
+            reset_peak_memory(device)
+        grpo_update(model, optimizer, inputs, cfg, max_completion_length=completion_length, autocast=autocast,
+                    scaler=scaler)
+    peak = peak_memory_bytes(device) - baseline
+    del model, optimizer, inputs
+    return {"peak_bytes": peak, "predicted": recipe_floor(cfg, prompt_length), "seconds": time.perf_counter() - t0}
 
 
 def _import_model_code(model_dir: str) -> None:
