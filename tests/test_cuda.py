@@ -30,8 +30,6 @@ import torch
 pytestmark = pytest.mark.cuda
 
 DEVICES = [os.environ["MINIGRPO_TEST_DEVICE"]] if os.environ.get("MINIGRPO_TEST_DEVICE") else ["cuda", "cpu"]
-TOY_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, embedding_size=2048,
-                 initializer_range=0.1)
 TIMING = {"step_seconds", "generate_seconds", "tokens_per_second"}
 
 
@@ -65,9 +63,9 @@ def no_plots(monkeypatch):
 @pytest.fixture(scope="module")
 def standin(device, tmp_path_factory):
     """The stand-in's directory: Qwen2.5-0.5B's shape on CUDA, a toy one on the CPU (MINIGRPO_STANDIN_DIR: built)."""
-    if os.environ.get("MINIGRPO_STANDIN_DIR") and device.type == "cuda":
+    if os.environ.get("MINIGRPO_STANDIN_DIR"):  # the GPU check's (or its dry run's), of this device's shape
         return os.environ["MINIGRPO_STANDIN_DIR"]
-    from minigrpo.lab.standin import QWEN25_05B_SHAPE, make_standin_chat_model
+    from minigrpo.lab.standin import QWEN25_05B_SHAPE, TOY_SHAPE, make_standin_chat_model
 
     shape = QWEN25_05B_SHAPE if device.type == "cuda" else TOY_SHAPE
     return str(make_standin_chat_model(tmp_path_factory.mktemp("standin"), **shape, device=str(device)))
@@ -127,9 +125,10 @@ def test_greedy_decode_loop_equals_hf_generate(device, standin, weights, compute
                                      a[:t], a[t].item(), b[t].item()), f"row {i} parts from HF generate at token {t} " \
                                                                         "at a margin 16-bit rounding does not explain"
             parted.append(t)
-    print(f"{weights}/{compute}: {len(ours.completion_ids) - len(parted)} of {len(ours.completion_ids)} rows equal "
+    rows = len(ours.completion_ids)
+    print(f"figure: greedy, {weights} weights, autocast {compute}: {rows - len(parted)} of {rows} rows equal "
           f"over {width} tokens" + (f"; the others part at a near-tie, at tokens {parted}" if parted else ""))
-    assert len(parted) < len(ours.completion_ids), "no row equals HF generate's"
+    assert len(parted) < rows, "no row equals HF generate's"
 
 
 # ---- log-probs ------------------------------------------------------------------------------------------------
@@ -161,8 +160,8 @@ def test_shared_prefix_and_blocked_head_equal_the_plain_path_within_the_dtype(de
     errors = {name: (results[name][0] - reference).abs().max().item() for name in ("plain", "fast")}
     cosine = {name: torch.nn.functional.cosine_similarity(results[name][1], reference_grad, dim=0).item()
               for name in ("plain", "fast")}
-    print(f"{compute}: max |logp - float32| plain {errors['plain']:.4f}, fast {errors['fast']:.4f}; gradient cosine "
-          f"to float32 plain {cosine['plain']:.5f}, fast {cosine['fast']:.5f}")
+    print(f"figure: log-probs under {compute} autocast: max |logp - float32| plain {errors['plain']:.4f}, fast "
+          f"{errors['fast']:.4f}; gradient cosine to float32 plain {cosine['plain']:.5f}, fast {cosine['fast']:.5f}")
     assert results["fast"][0].dtype == torch.float32
     assert errors["fast"] <= 2 * errors["plain"] + 1e-3  # the fast path is no worse than the plain one in 16 bits
     assert 1 - cosine["fast"] <= 2 * (1 - cosine["plain"]) + 1e-4 and cosine["fast"] > 0.99  # the gradient too
@@ -259,8 +258,8 @@ def test_peak_memory_is_within_15_percent_of_the_prediction(device, standin, set
                  **lora)
     measured = measure_recipe_step(cfg, device.type, prompt_length=200 if on_cuda else 16)
     predicted = measured["predicted"]["floor"]
-    print(f"{setup}: measured {measured['peak_bytes'] / 2**30:.3f} GiB, predicted {predicted / 2**30:.3f} GiB, ratio "
-          f"{measured['peak_bytes'] / predicted:.3f}")
+    print(f"figure: peak memory, {setup}, bf16: measured {measured['peak_bytes'] / 2**30:.3f} GiB, predicted "
+          f"{predicted / 2**30:.3f} GiB, ratio {measured['peak_bytes'] / predicted:.3f}")
     assert measured["peak_bytes"] > 0 and predicted > 0
     if on_cuda:
         assert abs(measured["peak_bytes"] / predicted - 1) <= 0.15

@@ -31,13 +31,17 @@ from pathlib import Path
 
 from ..chat_templates import QWEN25_MESSAGES
 
-__all__ = ["CHATML_TEMPLATE", "QWEN25_05B_SHAPE", "make_standin_chat_model"]
+__all__ = ["CHATML_TEMPLATE", "QWEN25_05B_SHAPE", "TOY_SHAPE", "make_standin_chat_model"]
 
 # make_standin_chat_model's arguments for Qwen2.5-0.5B's shape (its published config.json): 24 blocks, hidden 896,
 # MLP 4864, 14 query and 2 key-value heads, a 151,936-row tied embedding; 494M parameters. The weights' spread is
 # a trained model's (0.02 would make every logit nearly equal; 0.5 overflows float16 within a few blocks).
 QWEN25_05B_SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
                         embedding_size=151936, max_position_embeddings=32768, initializer_range=0.1)
+# ... and the same code paths at a toy size, for the CPU runs of the CUDA tests and the GPU check's dry run: grouped-
+# query attention, an embedding padded beyond the tokenizer, the same spread of weights.
+TOY_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, embedding_size=2048,
+                 initializer_range=0.1)
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # added tokens in Qwen2.5, but not special ones
