@@ -24,6 +24,9 @@ What this loop simplifies, on purpose:
     same model with its adapter switched off (models.py), so it costs no memory.
   * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
     only (the same step, see loss_share).
+  * 16 bits for the forward passes only (bf16, or fp16 with loss scaling on GPUs without bfloat16): the trained
+    weights, the log-probs and the loss stay float32, and fp16 skips (and counts) a step whose gradients overflow
+    (mixed_precision.py).
   * With tools, a completion is every turn after the prompt, the tools' answers included; the loss, KL, entropy
     and lengths count only the tokens the policy sampled (Batch.policy_mask), while every log-prob is taken with
     the tools' tokens in context. Tools run in a worker process; each call has a time limit.
