@@ -3,7 +3,8 @@
     RUN/checkpoints/step-000040.pt     written every `save_steps` steps, the newest `save_total_limit` kept
 
 A checkpoint holds the trainable weights (the whole model in full fine-tuning, only the adapter with LoRA:
-frozen weights are reloaded from `model_name_or_path`), the optimizer and LR-scheduler states, the torch and
+frozen weights are reloaded from `model_name_or_path`), the optimizer and LR-scheduler states, fp16's loss scale
+(mixed_precision.py: the scale and its count of steps since the last overflow), the torch and
 Python RNG states and the prompt sampler's position (one set per process in a multi-process run, written by
 rank 0), the step counter, and the run's config. Restoring all of
 them makes a resumed run draw the same samples and take the same steps as a run that was never stopped, so
@@ -109,7 +110,8 @@ def process_state(sampler, reward_funcs) -> dict:
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer, scheduler, sampler, reward_funcs,
                     config: dict, progress: dict, keep: int | None = None,
-                    process_states: list[dict] | None = None, ref_model=None, sharded: bool = False) -> Path:
+                    process_states: list[dict] | None = None, ref_model=None, sharded: bool = False,
+                    scaler=None) -> Path:
     """Write ckpt_dir/step-{step}.pt (sharded: the folder step-{step}/) atomically, then delete all but the newest
     `keep` checkpoints (None: keep all).
 
@@ -119,12 +121,14 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer,
     alone writes); None = this process's only.
     ref_model: a reference that moves during training (sync_ref_model): its weights are saved too.
     sharded: the model is sharded (FSDP2): every process calls this, and the checkpoint is a folder of shards.
+    scaler: fp16's GradScaler (the same on every process), or None.
     """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
         "scheduler": scheduler.state_dict(),
+        "scaler": None if scaler is None else scaler.state_dict(),
         "processes": process_states or [process_state(sampler, reward_funcs)],
         "config": config,
         "progress": progress,
@@ -200,7 +204,7 @@ def _defaults_of_newer_keys(saved: dict, config: dict, defaults: dict) -> dict:
 
 def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sampler, reward_funcs,
                     config: dict, rank: int = 0, world_size: int = 1, ref_model=None,
-                    config_defaults: dict | None = None) -> tuple[int, dict]:
+                    config_defaults: dict | None = None, scaler=None) -> tuple[int, dict]:
     """Restore everything `save_checkpoint` wrote into the given objects; returns (step, progress).
     rank, world_size: this process's place in a multi-process run (it takes its own RNGs and sampler).
     config_defaults: each config key's default, taken for keys the checkpoint predates.
@@ -235,6 +239,8 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, scheduler, sam
             ref_model.load_state_dict(state["ref_model"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler"):  # fp16 (config checked above: the checkpoint's run was fp16 too)
+        scaler.load_state_dict(state["scaler"])
     mine = state["processes"][rank]
     sampler.load_state_dict(mine["sampler"])
     for func, rng_state in zip(reward_funcs, mine["reward_rngs"]):

@@ -52,6 +52,9 @@ class Config:
     max_steps: int = 100  # training steps; each samples one batch (generation_batch_size completions)
     device: str = "auto"  # "auto" (cuda if available), "cpu", "cuda"
     bf16: bool = False  # autocast to bfloat16 (GPU); weights stay in `dtype`
+    # autocast to float16 with loss scaling (torch.amp.GradScaler), for GPUs without bfloat16 (T4, RTX 20xx, V100);
+    # a step whose gradients overflow is skipped and counted; trained weights stay float32 (mixed_precision.py)
+    fp16: bool = False
     # recompute each block's activations in backward instead of keeping them (models.enable_gradient_checkpointing):
     # activation memory of one block instead of all, for about one more forward pass; TRL's default is True
     gradient_checkpointing: bool = False
@@ -277,8 +280,14 @@ class Config:
                                   f"object itself as train(cfg, {argument}=...) or GRPOTrainer({argument}=...)")
 
     def _validate_model(self) -> None:
-        """LoRA, 4-bit weights, vLLM and sharding, and what they allow together."""
+        """LoRA, 4-bit weights, vLLM and sharding, 16-bit autocast, and what they allow together."""
         self._validate_fsdp()
+        if self.bf16 and self.fp16:
+            raise ConfigError("fp16: not with bf16 (one 16-bit format for the forward passes: bf16 where the GPU has "
+                              "it, fp16 on a T4 / RTX 20xx / V100)")
+        if self.fp16 and not self.use_peft and self.dtype != "float32":
+            raise ConfigError(f"fp16: trains float32 weights under float16 autocast (loss scaling needs float32 "
+                              f"gradients); set dtype float32, not {self.dtype}, or train a LoRA adapter (use_peft)")
         if self.load_in_4bit and not self.use_peft:
             raise ConfigError("load_in_4bit: 4-bit weights cannot be trained directly; add use_peft (QLoRA)")
         if self.lora_r < 1:

@@ -30,8 +30,10 @@ log-probs are not one `model(...)` call (logprobs.py runs the decoder, then the 
             the head's weight is whole while the log-probs are computed. Each process must make the same
             collectives in the same order, and FSDP2 all-gathers a block at each of its calls: so the log-probs
             take one decoder call per forward (`one_pass`), not logprobs.py's length groups, whose number differs
-            from process to process. Mixed precision through MixedPrecisionPolicy (bf16: bfloat16 compute,
-            float32 reduction); `fsdp_config`: cpu_offload, activation_checkpointing, reshard_after_forward.
+            from process to process. Mixed precision through MixedPrecisionPolicy (bf16 / fp16: the blocks compute
+            in 16 bits, gradients are reduced in float32; fp16's scaler skips a step on every process when one
+            shard overflows: mixed_precision.py); `fsdp_config`: cpu_offload,
+            activation_checkpointing, reshard_after_forward.
             The reference (beta > 0): a full copy sharded the same way, or, with LoRA, the sharded policy with
             its adapter switched off. Not sharded (config.py refuses them in one line): vLLM's engine (it
             would need the whole weights gathered at each sync) and 4-bit bitsandbytes weights; PPO's critic
@@ -170,14 +172,16 @@ class AdapterOffForward:
             return self.policy(*args, **kwargs)
 
 
-def wrap(model, ref_model=None, *, fsdp: str = "", fsdp_config: dict | None = None, bf16: bool = False):
+def wrap(model, ref_model=None, *, fsdp: str = "", fsdp_config: dict | None = None,
+         compute_dtype: torch.dtype | None = None):
     """(policy, reference): what the loss's log-probs are computed with, for this run's W processes.
 
     W = 1: (model, ref_model) themselves. fsdp "": DistributedDataParallel around the policy; the reference (no
     gradient) stays as it is. fsdp "full_shard": the policy sharded with FSDP2, and the reference too (a full
     copy sharded the same way, or, with LoRA, the sharded policy with its adapter switched off).
     model and ref_model stay the bare models the rest of the trainer calls; FSDP2 shards their parameters in place,
-    so build the optimizer from model.parameters() after this call.
+    so build the optimizer from model.parameters() after this call. compute_dtype: FSDP2's parameter dtype in
+    forward and backward (bfloat16 / float16 under bf16 / fp16; None: the weights' own).
     """
     if world_size() == 1:
         return model, ref_model
@@ -190,13 +194,13 @@ def wrap(model, ref_model=None, *, fsdp: str = "", fsdp_config: dict | None = No
     from .models import AdapterDisabled
 
     options = fsdp_config or {}
-    policy = _shard(model, options, bf16)
+    policy = _shard(model, options, compute_dtype)
     if isinstance(ref_model, AdapterDisabled):
         return policy, AdapterOffForward(policy, ref_model.peft_model)
-    return policy, None if ref_model is None else _shard(ref_model, options, bf16)
+    return policy, None if ref_model is None else _shard(ref_model, options, compute_dtype)
 
 
-def _shard(model, options: dict, bf16: bool) -> "LogprobForward":
+def _shard(model, options: dict, compute_dtype: torch.dtype | None) -> "LogprobForward":
     """fully_shard on each decoder block (the classes the model names in _no_split_modules), then on
     LogprobForward(model), the root that holds the rest; returns the root, initialised."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -209,8 +213,8 @@ def _shard(model, options: dict, bf16: bool) -> "LogprobForward":
     if not blocks:
         raise ConfigError(f"fsdp: {type(base).__name__} names no decoder block class (_no_split_modules) to shard by")
     kwargs = dict(mesh=init_device_mesh(device.type, (world_size(),)),
-                  mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
-                  else MixedPrecisionPolicy(),
+                  mp_policy=MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+                  if compute_dtype is not None else MixedPrecisionPolicy(),
                   offload_policy=CPUOffloadPolicy(pin_memory=device.type == "cuda") if options.get("cpu_offload")
                   else OffloadPolicy())
     for block in blocks:

@@ -19,7 +19,7 @@ minigrpo's names. Where TRL and minigrpo count differently:
     save_strategy "no" / "steps" / "epoch"         save_steps (0: no checkpoints), in batches
     logging_steps                                  logging_steps (a printed line), in batches; metrics.jsonl
                                                    holds every step either way
-    bf16 None                                      True on a GPU, False on the CPU (TRL: True)
+    bf16 None                                      True on a GPU, False on the CPU and with fp16 (TRL: not fp16)
     use_bias_correction_kl True                    only with beta > 0 (no KL term, nothing to correct)
     scale_rewards True / False                     "group" / "none"
     report_to "none", a name or a list             report_to (None, or the list)
@@ -76,8 +76,7 @@ UNSUPPORTED = {
     "label_smoothing_factor": (0.0, "there are no labels in GRPO"),
     "tf32": (None, "set torch.backends.cuda.matmul.allow_tf32 yourself"),
     "bf16_full_eval": (False, "evaluation runs in the training dtype (bf16: autocast)"),
-    "fp16_full_eval": (False, "evaluation runs in the training dtype (bf16: autocast)"),
-    "fp16": (False, "use bf16 (or dtype float16 for the weights)"),
+    "fp16_full_eval": (False, "evaluation runs in the training dtype (bf16 / fp16: autocast)"),
     "activation_checkpointing": (None, "use gradient_checkpointing"),
     "activation_checkpointing_kwargs": (None, "use gradient_checkpointing"),
     "gradient_checkpointing_kwargs": (None, "minigrpo's gradient_checkpointing is non-reentrant "
@@ -290,6 +289,8 @@ class GRPOConfig(Config):
     def _bf16(self) -> bool:
         if self.bf16 is not None:
             return self.bf16
+        if self.fp16:  # TRL too: bf16 None means not fp16
+            return False
         import torch
 
         return torch.cuda.is_available() and not self.use_cpu and self.device != "cpu"

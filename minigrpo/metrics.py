@@ -13,7 +13,8 @@ and minigrpo's own: accuracy (the task's grader on the training samples), frac_r
 `advantages` (every completion's, for the histograms), completions/mean_length_correct|incorrect (the length of
 right and wrong answers: where length drift shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds
 (dynamic sampling), sampling/* (vLLM's log-probs against the trainer's), step_seconds, generate_seconds,
-tokens_per_second, eval/accuracy_greedy.
+tokens_per_second, eval/accuracy_greedy; with fp16, grad_scaler/skipped_steps (optimizer steps of this step
+skipped because the scaled gradients overflowed float16; grad_norm averages the steps taken) and grad_scaler/scale.
 """
 
 import json
@@ -98,8 +99,13 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
         row[f"rewards/{name}/mean"] = col.nanmean().item()
         row[f"rewards/{name}/std"] = col[~col.isnan()].std().item() if (~col.isnan()).sum() > 1 else 0.0
     for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean", "approx_kl",
-                "entropy", "grad_norm"):
+                "entropy"):
         row[key] = fmean(s[key] for s in step_stats)
+    taken = [s["grad_norm"] for s in step_stats if math.isfinite(s["grad_norm"])]  # fp16: a skipped step's is inf
+    row["grad_norm"] = fmean(taken) if taken else math.nan
+    if "skipped" in step_stats[0]:  # fp16's loss scaler: optimizer steps skipped on an overflow, the scale after
+        row["grad_scaler/skipped_steps"] = int(sum(s["skipped"] for s in step_stats))
+        row["grad_scaler/scale"] = step_stats[-1]["loss_scale"]
     row["kl"] = fmean(s["kl"] for s in step_stats) if "kl" in step_stats[0] else None
     for key in step_stats[0]:  # what only some objectives report (sapo/gate_slope_mean, ...): under their own names
         if "/" in key and key not in row and not key.startswith("clip_ratio/"):

@@ -126,7 +126,8 @@ def _check(cfg: Config, ppo: PPOConfig) -> None:
     """One-line errors for the Config settings this loop does not honour, rather than silently ignoring them."""
     unsupported = {"resume_from_checkpoint": None, "save_steps": 0, "dynamic_sampling": False, "beta": 0.0,
                    "mask_truncated_completions": False, "load_in_4bit": False, "num_remains_in_group": None,
-                   "top_p": 1.0, "top_k": 0}  # a truncated sampler's log-probs: the GRPO family's (truncation.py)
+                   "top_p": 1.0, "top_k": 0,  # a truncated sampler's log-probs: the GRPO family's (truncation.py)
+                   "fp16": False}  # loss scaling is the GRPO family's and SFT's (mixed_precision.py); bf16 works
     if distributed.launched_processes() > 1:
         raise ConfigError("train_ppo: one process only (several processes: minigrpo train, the GRPO family)")
     if cfg.fsdp:  # the critic (ppo_critic.ValueModel, a second decoder) is neither wrapped nor sharded

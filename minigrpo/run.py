@@ -32,6 +32,7 @@ from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
 from .metrics import finite_or_none
+from .mixed_precision import autocast_dtype, grad_scaler
 from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
 from .peak_memory import peak_memory_bytes
@@ -66,10 +67,18 @@ class RunSetup:
     max_completion_length: int  # cfg.max_completion_length, else the task's
     out: Path
     bf16: bool = False
+    fp16: bool = False
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (mixed_precision.py), part of every checkpoint
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """The 16-bit dtype the forward passes run in (bf16: bfloat16, fp16: float16), None for the weights' own."""
+        return autocast_dtype(self.bf16, self.fp16)
 
     def autocast(self):
-        """bfloat16 autocast for the forward passes when the run asks for it (bf16), else a no-op context."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        """16-bit autocast for the forward passes when the run asks for it (bf16, fp16), else a no-op context."""
+        dtype = self.compute_dtype
+        return torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
 def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None, *, model=None,
@@ -93,7 +102,7 @@ def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None
                                                                          reward_funcs, train_rows, test_rows)
     out = claim_output_dir(cfg)  # a used folder is refused before anything is written
     return RunSetup(device, task, model, tokenizer, train_rows, test_rows, reward_funcs, weights, max_len, out,
-                    cfg.bf16)
+                    cfg.bf16, cfg.fp16, grad_scaler(device, enabled=cfg.fp16))
 
 
 def refuse_trl_config(cfg) -> None:
@@ -257,9 +266,9 @@ def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completi
 
 def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
     """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
-    checkpoint restored into model, optimizer, scheduler, RNGs, sampler and reward functions, and the run's
-    metrics.jsonl and completions.jsonl cut back to its step. (A fresh run never starts in a used folder:
-    claim_output_dir.)"""
+    checkpoint restored into model, optimizer, scheduler, fp16's loss scaler, RNGs, sampler and reward functions,
+    and the run's metrics.jsonl and completions.jsonl cut back to its step. (A fresh run never starts in a used
+    folder: claim_output_dir.)"""
     if cfg.resume_from_checkpoint:
         ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
         defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}

@@ -16,6 +16,7 @@ when they do not.
 """
 
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import torch
 
 from . import distributed
 from .config import Config, ConfigError
+from .mixed_precision import optimizer_step, scaled_backward
 from .models import resolve_device
 from .run import evaluator, finish_run, load_run, make_optimizer, write_config
 from .tasks import Task, get_task
@@ -88,8 +90,9 @@ def train_sft(cfg: Config, *, batch_size: int = 128, max_seconds: float | None =
     summary, whose accuracy_before / accuracy_after are greedy on the test split, as GRPO's.
 
     From the Config it reads what SFT shares with GRPO: task, model_name_or_path (and use_peft / load_in_4bit,
-    dtype), seed, max_steps, learning_rate and its schedule (warmup_steps, lr_scheduler_type), AdamW's settings,
-    eval_steps / eval_num_problems / eval_limit, output_dir, save_model, device. The gradient is not clipped.
+    dtype), bf16 / fp16, seed, max_steps, learning_rate and its schedule (warmup_steps, lr_scheduler_type), AdamW's
+    settings, eval_steps / eval_num_problems / eval_limit, output_dir, save_model, device. The gradient is not
+    clipped; a non-finite one stops the run before the weights change (fp16: skips the step, mixed_precision.py).
     batch_size: (prompt, completion) pairs per optimizer step. max_seconds: stop once this much training time
     (evaluation excluded, as in GRPO's `wall_seconds`) is spent, so a control can get exactly a GRPO run's time.
     target_completion(row, rng) -> text: the completion to imitate (default `task.target_completion`).
@@ -120,16 +123,19 @@ def train_sft(cfg: Config, *, batch_size: int = 128, max_seconds: float | None =
             input_ids, attention_mask, labels = (
                 t.to(run.device) for t in sft_batch(task, tokenizer, rng, batch_size, exclude, target_completion)
             )
-            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss  # mean over T
+            with run.autocast():  # bf16 / fp16: the forward in 16 bits; HF's cross-entropy upcasts the logits
+                loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss  # mean over T
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaled_backward(loss, run.scaler)  # fp16: of S * loss (mixed_precision.py)
+            _, skipped = optimizer_step(optimizer, model.parameters(), math.inf, run.scaler, where=f"sft step {step}: ")
             learning_rate = scheduler.get_last_lr()[0]
             scheduler.step()
             step_seconds = time.perf_counter() - t0
             wall_seconds += step_seconds
 
             row = {"step": step, "loss": loss.item(), "learning_rate": learning_rate, "step_seconds": step_seconds}
+            if run.scaler is not None:  # fp16: a step skipped on an overflow, and the loss scale after it
+                row.update({"grad_scaler/skipped_steps": int(skipped), "grad_scaler/scale": run.scaler.get_scale()})
             done = step >= cfg.max_steps or (max_seconds is not None and wall_seconds >= max_seconds)
             if cfg.eval_steps and (step % cfg.eval_steps == 0 or done):
                 row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]

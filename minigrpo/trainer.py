@@ -24,13 +24,15 @@ What this loop simplifies, on purpose:
     same model with its adapter switched off (models.py), so it costs no memory.
   * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
     only (the same step, see loss_share).
+  * 16 bits for the forward passes only (bf16, or fp16 with loss scaling on GPUs without bfloat16): the trained
+    weights, the log-probs and the loss stay float32, and fp16 skips (and counts) a step whose gradients overflow
+    (mixed_precision.py).
   * With tools, a completion is every turn after the prompt, the tools' answers included; the loss, KL, entropy
     and lengths count only the tokens the policy sampled (Batch.policy_mask), while every log-prob is taken with
     the tools' tokens in context. Tools run in a worker process; each call has a time limit.
 """
 
 import contextlib
-import math
 import os
 import time
 
@@ -44,6 +46,7 @@ from .config import Config, ConfigError
 from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
 from .isolation import take_failed_count
 from .metrics import gather_batch, gather_stats, step_metrics
+from .mixed_precision import optimizer_step, scaled_backward
 from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import AGGREGATIONS, get_loss, policy_loss
 from .run import (checkpoint_due, eval_due, evaluate_on_main, evaluator, finish_run, load_run, make_engine,
@@ -81,7 +84,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     ref_model = reference_policy(model) if cfg.beta > 0 else None
     # What the loss's log-probs run through: model and ref_model themselves (one process), else DDP's or FSDP2's
     # forward (distributed.py). FSDP2 shards model and ref_model in place; the rest of the loop calls them bare.
-    policy, ref_policy = distributed.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config, bf16=cfg.bf16)
+    policy, ref_policy = distributed.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
+                                          compute_dtype=run.compute_dtype)
     tools = tool_setup(cfg, task, tools, model, tokenizer, environment_factory)  # None: single-turn completions
     reward_funcs, weights = run.reward_funcs, run.reward_weights
     if tools is not None and tools.environments is not None and tools.environments.has_reward:
@@ -91,7 +95,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     main = distributed.is_main()
     moving_ref = ref_model if cfg.sync_ref_model else None  # a reference that changes is part of the run's state
     start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
-                                            sampler=sampler, reward_funcs=reward_funcs, ref_model=moving_ref)
+                                            sampler=sampler, reward_funcs=reward_funcs, ref_model=moving_ref,
+                                            scaler=run.scaler)
     # The policy's own decode loop, or vLLM (use_vllm), made after the resume so that it copies the restored weights.
     engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len)
     if main:  # one process writes the run directory
@@ -120,7 +125,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         policy.train()
         step_stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=max_len, autocast=run.autocast,
-                                 step=step)
+                                 step=step, scaler=run.scaler)
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
@@ -148,7 +153,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         if checkpoint_due(cfg, step):
             save_step_checkpoint(cfg, out, step, model=model, policy=policy, sampler=sampler, reward_funcs=reward_funcs,
                                  run_state=run_state, bar=bar, optimizer=optimizer, scheduler=scheduler,
-                                 ref_model=moving_ref)
+                                 ref_model=moving_ref, scaler=run.scaler)
     log.close()
     if tools is not None:
         tools.worker.close()
@@ -193,10 +198,10 @@ def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tu
 
 
 def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_length: int,
-                autocast=contextlib.nullcontext, step: int = 0) -> list[dict]:
+                autocast=contextlib.nullcontext, step: int = 0, scaler=None) -> list[dict]:
     """Step 5 of the loop: num_iterations passes over the batch, each in steps_per_generation mini-batches, one
     optimizer step per mini-batch. Returns each mini-batch's statistics (policy_loss's, plus loss, grad_norm,
-    tokens and entropy).
+    tokens and entropy; with fp16's scaler, skipped (1.0 where an overflow skipped the step) and loss_scale).
 
     inputs: a Batch on the model's device, N completions, with loss_mask set (the policy's tokens, less what
     mask_truncated_completions drops) and old_logp, ref_logp, is_weight, sampling_logp each None when not used
@@ -204,6 +209,8 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
 
     gradient_accumulation_steps > 1 runs each mini-batch in that many micro-batches (less memory), each loss scaled
     by its share of the mini-batch's normaliser (`loss_share`), gradients summed: the same optimizer step.
+    scaler: fp16's GradScaler (mixed_precision.py): every micro-batch's backward is of S * loss, the gradients are
+    unscaled before clipping, and a step whose gradients overflowed is skipped instead of stopping the run.
     """
     N, W = inputs.adv.shape[0], distributed.world_size()
     loss_mask = inputs.loss_mask
@@ -226,14 +233,16 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
                     loss = loss * loss_share(cfg.loss_type, loss_mask, micro, mb)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
-                loss.backward()
+                scaled_backward(loss, scaler)  # fp16: of S * loss
                 micro_stats.append({**stats, "loss": loss.item()})
-            # W > 1: DDP / FSDP2 averaged the gradients in backward: the global batch's gradient, on every rank
-            grad_norm = distributed.clip_grad_norm(model.parameters(), cfg.max_grad_norm)
-            if not math.isfinite(grad_norm):  # a finite loss can still have an inf/nan gradient
-                raise FloatingPointError(f"step {step}: the gradient norm is {grad_norm} — stopping before the weights are")
-            optimizer.step()
-            step_stats.append({**merge_micro_stats(micro_stats), "grad_norm": grad_norm})
+            # W > 1: DDP / FSDP2 averaged the gradients in backward: the global batch's gradient, on every rank.
+            # Clip and step; a non-finite gradient stops the run, or with fp16's scaler skips the step (an overflow)
+            grad_norm, skipped = optimizer_step(optimizer, model.parameters(), cfg.max_grad_norm, scaler,
+                                                where=f"step {step}: ")
+            stats = {**merge_micro_stats(micro_stats), "grad_norm": grad_norm}
+            if scaler is not None:
+                stats.update(skipped=float(skipped), loss_scale=scaler.get_scale())
+            step_stats.append(stats)
     return step_stats
 
 

@@ -8,8 +8,12 @@ normalisers matter), the same under any number of processes. Everything after sa
 advantages, log-probs, loss, gradients, the optimizer — is the real trainer, and W processes must reproduce
 the one-process run's metrics and weights.
 
+`plant_overflow_step=K` (not a Config key): at the K-th optimizer step, rank 0 alone writes inf into one element of
+its gradient (its shard, when sharded), an fp16 overflow that only one process sees.
+
 Each process also writes OUT_DIR/shard-RANK.json: how many parameter and optimizer-state elements it holds
-(a sharded tensor counts its local shard only), measured on the optimizer the run trained with, and how many
+(a sharded tensor counts its local shard only) and how many optimizer steps it took, measured on the optimizer the
+run trained with, and how many
 times the output head ran in blocks (logprobs.head_logprobs) rather than as full logits.
 """
 
@@ -48,16 +52,38 @@ def place_and_length(prompts, completions, completion_ids, **row):
     return [(i % 4) / 3 + 0.05 * len(ids) for i, ids in enumerate(completion_ids)]
 
 
+def plant_overflow(step: int) -> None:
+    """At the step-th optimizer step, rank 0 writes inf into the first element of its gradient of the first trained
+    parameter: under FSDP2 a part of the gradient no other process holds."""
+    import math
+
+    optimizer_step, calls = minigrpo.trainer.optimizer_step, []
+
+    def planted(optimizer, parameters, *args, **kwargs):
+        parameters = list(parameters)
+        calls.append(1)
+        if len(calls) == step and distributed.is_main():
+            grad = next(p for p in parameters if p.grad is not None).grad
+            (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = math.inf
+        return optimizer_step(optimizer, parameters, *args, **kwargs)
+
+    minigrpo.trainer.optimizer_step = planted
+
+
 def held_elements(optimizer) -> dict:
     """Elements of the trained parameters and of AdamW's moments this process holds (its shards, when sharded)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     moments = [state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
-    return {"params": distributed.local_numel(params), "optimizer_state": distributed.local_numel(moments)}
+    steps = max(int(state["step"]) for state in optimizer.state.values())  # the optimizer steps this process took
+    return {"params": distributed.local_numel(params), "optimizer_state": distributed.local_numel(moments),
+            "optimizer_steps": steps}
 
 
 if __name__ == "__main__":
     out, loss_type = sys.argv[1], sys.argv[2]
     extra = dict(arg.split("=", 1) for arg in sys.argv[3:])
+    if "plant_overflow_step" in extra:
+        plant_overflow(int(extra.pop("plant_overflow_step")))
     minigrpo.trainer.make_engine = lambda cfg, model, tokenizer, *args: ScriptedEngine(tokenizer)
     made = []  # the run's (optimizer, scheduler), kept to count what this process holds at the end
     head_calls = []

@@ -159,6 +159,20 @@ def test_mixed_precision_offload_and_kept_blocks_train(tmp_path, one_thread):
     assert ranks[0]["params"] == ranks[1]["params"] > 0
 
 
+def test_fp16_an_overflow_in_one_shard_skips_the_step_on_every_process(tmp_path, one_thread):
+    """fp16 under FSDP2 (MixedPrecisionPolicy in float16, the loss scaled): at step 2 process 0 alone finds inf in
+    its shard of the gradient. Both processes skip that step (their AdamW took 2 of 3 steps), count it and halve
+    the scale: sharded weights that skipped on one process only would no longer be one model."""
+    run = tmp_path / "run"
+    launch([SCRIPT, str(run), "grpo", "fsdp=full_shard", "fp16=true", "plant_overflow_step=2"], one_thread,
+           processes=2, launcher="torchrun")
+    lines = metrics(run)
+    assert [row["grad_scaler/skipped_steps"] for row in lines] == [0, 1, 0]
+    assert [row["grad_scaler/scale"] for row in lines] == [2.0**16, 2.0**15, 2.0**15]
+    assert [rank["optimizer_steps"] for rank in held(run, 2)] == [2, 2]
+    assert lines[1]["grad_norm"] is None and all(math.isfinite(row["loss"]) for row in lines)
+
+
 def test_ppo_refuses_fsdp():
     from minigrpo.ppo_trainer import train_ppo
 

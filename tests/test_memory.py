@@ -83,3 +83,19 @@ def test_static_estimate_counts_what_peft_trains_and_what_the_step_holds():
     # QLoRA stores the block linears (q, k, v, o, gate, up, down; not the head) in 4.127 bits instead of 32.
     assert qlora["weights"] == pytest.approx(lora["weights"] - linear * (4 - NF4_BITS[True] / 8))
     assert NF4_BITS[True] == pytest.approx(4.127, abs=1e-3)  # the QLoRA paper's figure
+
+
+def test_peft_keeps_the_adapter_and_a_4_bit_bases_other_weights_in_float32():
+    """What `recipe_floor` counts in 4 bytes whatever the recipe's dtype, seen on a loaded model: LoRA's A and B
+    (peft's autocast_adapter_dtype), and with a 4-bit base every weight bitsandbytes leaves unquantized (peft's
+    prepare_model_for_kbit_training casts them)."""
+    from minigrpo.models import add_lora, load_model
+    from minigrpo.tasks import get_task
+
+    model_dir = get_task("think_addition").model_dir
+    for load_in_4bit in (False, True):
+        model = add_lora(load_model(model_dir, dtype="bfloat16", load_in_4bit=load_in_4bit), r=4, alpha=8)
+        adapter = [p for name, p in model.named_parameters() if "lora_" in name]
+        assert adapter and all(p.dtype == torch.float32 and p.requires_grad for p in adapter)
+        others = {p.dtype for name, p in model.named_parameters() if "lora_" not in name}
+        assert others == ({torch.uint8, torch.float32} if load_in_4bit else {torch.bfloat16}), others

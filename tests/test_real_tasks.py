@@ -206,9 +206,10 @@ def test_every_recipe_loads_and_its_memory_is_computed(recipe):
     # bytes per token and layer, plus each row's copy of its prompt's keys and values (2 x kv heads x head size)
     shape = qwen_config(HUB_SHAPES[cfg.model_name_or_path])
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps
-    # one mini-batch per generation, micro-batches of 8 sorted rows: within one group of G = 8 or 16
-    assert cfg.steps_per_generation == 1 and cfg.num_generations % mini_batch == 0
-    prompts = 1
+    # one mini-batch per generation, micro-batches of 8 sorted rows (within one group of G = 8 or 16) or of 16 (two
+    # whole groups of 8)
+    assert cfg.steps_per_generation == 1 and (cfg.num_generations % mini_batch == 0 or mini_batch % cfg.num_generations == 0)
+    prompts = max(1, mini_batch // cfg.num_generations)
     tokens = prompts * 200 + mini_batch * cfg.max_completion_length
     kv_size = shape.num_key_value_heads * (getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads)
     kv_copies = mini_batch * 200 * 2 * kv_size * 2
@@ -223,7 +224,11 @@ def test_every_recipe_loads_and_its_memory_is_computed(recipe):
     checkpointed = recipe_floor(load_config(None, {**cfg.to_dict(), "gradient_checkpointing": True}))
     assert checkpointed["activations"] == (tokens * (shape.num_hidden_layers * 2 + 34) * shape.hidden_size
                                            + kv_copies)
-    assert floor["floor"] == floor["total"] + floor["reference"] + floor["logits"] + floor["activations"]
+    # float32 weights trained under bf16 / fp16: autocast's 16-bit copy of every weight a product uses (the blocks'
+    # linear layers and the head), kept for backward
+    copies = 2 * floor["matmul_weights"] if cfg.bf16 and cfg.dtype == "float32" and not cfg.use_peft else 0
+    assert floor["autocast_copies"] == copies
+    assert floor["floor"] == floor["total"] + floor["reference"] + floor["logits"] + floor["activations"] + copies
 
 
 def test_distinct_prompts_in_a_micro_batch_by_hand():
@@ -238,7 +243,10 @@ def test_quantizing_the_base_shrinks_the_recipe_floor():
     cfg = load_config(str(RECIPES[0].parent / "qwen2.5-0.5b-instruct_gsm8k_qlora.yaml"))
     qlora = recipe_floor(cfg)
     lora = recipe_floor(load_config(None, {**cfg.to_dict(), "load_in_4bit": False}))
-    assert qlora["trainable_params"] == lora["trainable_params"] and qlora["weights"] < 0.5 * lora["weights"]
+    assert qlora["trainable_params"] == lora["trainable_params"] and qlora["weights"] < 0.8 * lora["weights"]
+    # Not 4x: the block linears go from 16 bits to 4.127, but peft's prepare_model_for_kbit_training puts every weight
+    # it does not quantize in float32, at Qwen2.5-0.5B mostly the tied 151,936 x 896 embedding: 0.51 of 0.71 GiB
+    assert 4 * 151936 * 896 > 0.7 * qlora["weights"]
 
 
 def test_a_task_reward_ignores_what_trl_passes_besides_the_columns():

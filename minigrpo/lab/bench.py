@@ -32,6 +32,7 @@ alone against vLLM instead (bench_vllm.py).
 """
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -103,11 +104,13 @@ class _InOrder:
         return self.rows
 
 
-def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_funcs, device) -> dict:
+def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_funcs, device,
+                  autocast=contextlib.nullcontext) -> dict:
     """One minigrpo optimizer step, made of the trainer's own pieces, as `trainer.train()` runs it with
-    num_iterations = steps_per_generation = 1 and beta = 0 (so no old or reference log-probs are computed)."""
+    num_iterations = steps_per_generation = 1 and beta = 0 (so no old or reference log-probs are computed).
+    autocast: the run's 16-bit autocast (bf16), around sampling and the update as in train()."""
     clock = Clock().start()
-    with warnings.catch_warnings():  # a benchmark samples to its set lengths on purpose: no note about cut answers
+    with warnings.catch_warnings(), autocast():  # a benchmark samples to its set lengths on purpose: no note
         warnings.filterwarnings("ignore", message="over half of a batch's completions", category=UserWarning)
         batch = collect_batch(cfg, GenerateEngine(model, tokenizer), _InOrder(rows), reward_funcs,
                               [1.0] * len(reward_funcs), cfg.max_completion_length)
@@ -116,7 +119,8 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
     inputs = batch.to(device)
     inputs.loss_mask = inputs.policy_mask
     model.train()
-    stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length)
+    stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length,
+                        autocast=autocast)
     _sync(device)
     step = clock.stop()
     return {"rollout": rollout, "step": step, "tokens": int(inputs.loss_mask.sum().item()), "loss": stats[0]["loss"],
@@ -124,6 +128,8 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
 
 
 def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
+    """TRL's GRPOTrainer on the same rows and settings (float32 weights; bf16 autocast where args.bf16; a LoRA
+    adapter of r 16, alpha 32, dropout 0.05 on every linear layer of the blocks where args.lora, as minigrpo's)."""
     try:
         import trl
         from datasets import Dataset
@@ -146,13 +152,22 @@ def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
             loss_type=args.loss_type, beta=0.0, epsilon=0.2, scale_rewards="group",
             learning_rate=args.learning_rate, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
             weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
-            bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=args.device == "cpu",
+            bf16=getattr(args, "bf16", False), fp16=False, gradient_checkpointing=False, use_vllm=False,
+            use_cpu=args.device == "cpu",
             shuffle_dataset=False, max_steps=args.warmup + args.steps + 1, seed=args.seed,
             dataloader_num_workers=0, log_completions=False,
         )
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        peft_config = None
+        if getattr(args, "lora", False):
+            from peft import LoraConfig
+
+            from ..models import default_lora_target_modules
+
+            peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, bias="none", task_type="CAUSAL_LM",
+                                     target_modules=default_lora_target_modules(model))
         trainer = trl.GRPOTrainer(
-            model=model, reward_funcs=[task.correctness_reward], args=config,
+            model=model, reward_funcs=[task.correctness_reward], args=config, peft_config=peft_config,
             train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[callback],
         )
     trainer.remove_callback(PrinterCallback)  # its end-of-training log line would land in the middle of our table

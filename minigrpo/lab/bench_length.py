@@ -41,6 +41,7 @@ Needs TRL (`pip install -e ".[bench]"`), imported lazily by bench.py.
 """
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -56,7 +57,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer
 from ..config import Config
 from ..logprobs import completion_logprobs
-from ..models import load_model_and_tokenizer
+from ..models import add_lora, load_model_and_tokenizer
 from ..peak_memory import PeakMemory
 from ..prompts import encode_prompts
 from ..tasks import get_task
@@ -118,18 +119,25 @@ def compare_at_length(args, model_dir, tokenizer, task, rows, length: int, eos_p
     """warm-up + timed steps of TRL and of minigrpo at max_completion_length = length, alternating; returns
     {"trl": [...], "minigrpo": [...]} (and "minigrpo, no shared prefix": [...] with --compare-shared-prefix), one
     {"step": (wall, cpu), "peak": bytes, "tokens": n} per timed step (minigrpo's also "train_cpu", and with
-    --flops "flops": the training pass's matrix-multiply FLOPs)."""
+    --flops "flops": the training pass's matrix-multiply FLOPs). args.bf16, args.lora (the GPU check's,
+    lab/gpu_check.py; absent: float32, full fine-tuning): both sides under bf16 autocast over float32 weights, both training the same
+    LoRA adapter (r 16, alpha 32, dropout 0.05, every linear layer of the blocks)."""
     device = torch.device(args.device)
     step_args = argparse.Namespace(**{**vars(args), "max_completion_length": length})
     sides = {"minigrpo": True, **({UNSHARED: False} if args.compare_shared_prefix else {})}  # side: shared_prefix
+    bf16, lora = getattr(args, "bf16", False), getattr(args, "lora", False)  # the GPU check's settings
+    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=bf16)
     runners = {}
     for side, shared_prefix in sides.items():
         model, _ = load_model_and_tokenizer(model_dir, device)
+        if lora:  # TRL's side: the same adapter (bench.make_trl_trainer)
+            model = add_lora(model, r=16, alpha=32, dropout=0.05)
         cfg = Config(model_name_or_path=str(model_dir), task=task.name, num_generations=args.num_generations,
                      generation_batch_size=args.prompts * args.num_generations, max_completion_length=length,
                      temperature=args.temperature, loss_type=args.loss_type, learning_rate=args.learning_rate,
-                     beta=0.0, seed=args.seed, shared_prefix=shared_prefix)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
+                     beta=0.0, seed=args.seed, shared_prefix=shared_prefix, bf16=bf16, use_peft=lora)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
+                                      betas=(0.9, 0.999), weight_decay=0.0)
         runners[side] = (model, cfg, optimizer)
     results, captured = {"trl": [], **{side: [] for side in sides}}, {}
 
@@ -144,7 +152,7 @@ def compare_at_length(args, model_dir, tokenizer, task, rows, length: int, eos_p
             torch.manual_seed(args.seed + index)  # the same completions on every minigrpo side
             with PeakMemory(device) if measured else _NoMemory() as peak:
                 out = minigrpo_step(model, tokenizer, optimizer, task, cfg, step_rows, [task.correctness_reward],
-                                    device)
+                                    device, autocast)
             if measured:
                 train_cpu = out["step"][1] - out["rollout"][1]
                 flops = training_pass_flops(model, out["inputs"], cfg) if args.flops else None

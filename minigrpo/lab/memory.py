@@ -32,6 +32,8 @@ a 2-core CPU measures in minutes.
 """
 
 import argparse
+import functools
+import gc
 import json
 import os
 import subprocess
@@ -81,8 +83,9 @@ def qwen_config(shape: str):
                            "rope_theta": 1e6, "rms_norm_eps": 1e-6, **sizes})
 
 
-def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
-    """A model directory for `shape`: the shipped tiny model, or a random Qwen2.5-shaped model saved in workdir."""
+def shape_dir(shape: str, workdir: str | os.PathLike, device: str = "cpu") -> Path:
+    """A model directory for `shape`: the shipped tiny model, or a random Qwen2.5-shaped model saved in workdir.
+    device: where the random weights are drawn (a GPU draws a 1.5B model in a second, a CPU in a minute)."""
     if shape == "tiny":
         from ..tasks import get_task
 
@@ -93,8 +96,8 @@ def shape_dir(shape: str, workdir: str | os.PathLike) -> Path:
     path = Path(workdir) / shape
     if not (path / "config.json").exists():
         torch.manual_seed(0)
-        # Saved in bfloat16 to halve the disk; every setup loads it back in its own dtype.
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+        with torch.device(device):  # saved in bfloat16 to halve the disk; every setup loads it in its own dtype
+            AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
     return path
 
 
@@ -125,7 +128,10 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
                      gradients a w      AdamW moments 2 a w
         ppo-critic   grpo-full for the policy and for a critic of the same decoder with a scalar head
 
-    AdamW keeps its moments in the parameters' dtype, hence w for them too.
+    AdamW keeps its moments in the parameters' dtype, hence w for them too. Every number in w bytes: what a run
+    whose every weight is in that dtype holds (peft's float32 adapter: `recipe_floor`). Each row also gives
+    matmul_weights, the weights the blocks' linear layers and the output head multiply with (q + the head's V H):
+    what 16-bit autocast copies when they are float32 (`recipe_floor`).
     """
     from transformers import AutoModelForCausalLM
 
@@ -146,7 +152,7 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
     def row(weights, trainable, total):
         grads, moments = trainable * w, 2 * trainable * w
         return {"weights": weights, "gradients": grads, "optimizer": moments, "total": weights + grads + moments,
-                "trainable_params": trainable, "total_params": total}
+                "trainable_params": trainable, "total_params": total, "matmul_weights": q + head.weight.numel()}
 
     return {
         "grpo-full": row(p * w, p, p),
@@ -162,8 +168,14 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) -> dict:
     """The memory of a training run's config (a recipe), computed from its shapes, not measured:
 
-        static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), plus a
-                     frozen reference copy when beta > 0 without LoRA
+        static       what `estimate_static_bytes` counts for its setup (full / LoRA / QLoRA, in its dtype), with
+                     what peft keeps in float32 whatever the dtype: LoRA's A and B (its autocast_adapter_dtype),
+                     and for a 4-bit base every weight bitsandbytes does not quantize (prepare_model_for_kbit_training
+                     casts them: the embeddings, tied to the head, and the norms; tests/test_memory.py checks both
+                     on a loaded model); plus a frozen reference copy when beta > 0 without LoRA
+        autocast     float32 weights trained under bf16 / fp16 (full fine-tuning, dtype float32): autocast's 16-bit
+                     copy of every weight a matrix product uses, which the product keeps for backward (2 bytes x
+                     `matmul_weights`; with gradient_checkpointing one block's and the head's)
         logits       the output head's working set: logprobs.py runs the head over blocks of tokens and never holds
                      more than one block's logits (BLOCK_ELEMENTS, 220 tokens x V at Qwen's vocabulary), its softmax
                      and, in backward, its gradient: 3 float32 copies of a block (the whole mini-batch's logits,
@@ -181,7 +193,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     the rest).
 
     Left out: the decode loop's KV cache while sampling (without vLLM), the CUDA context (~0.5 GB), allocator
-    slack and fragmentation. LoRA's adapter is counted in `dtype` (peft may keep it in float32: a few tens of MB).
+    slack and fragmentation.
     """
     from ..tasks import get_task
 
@@ -193,8 +205,14 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
 
         config = AutoConfig.from_pretrained(name or get_task(cfg.task).model_dir)
     setup = "grpo-qlora" if cfg.load_in_4bit else "grpo-lora" if cfg.use_peft else "grpo-full"
-    row = estimate_static_bytes(config, weight_bytes=DTYPE_BYTES[cfg.dtype], lora_r=cfg.lora_r,
-                                target_modules=cfg.lora_target_modules, nested_quant=cfg.use_bnb_nested_quant)[setup]
+    static = functools.partial(estimate_static_bytes, config, lora_r=cfg.lora_r, target_modules=cfg.lora_target_modules,
+                               nested_quant=cfg.use_bnb_nested_quant)
+    row = static(weight_bytes=DTYPE_BYTES[cfg.dtype])[setup]
+    if cfg.use_peft:  # the adapter in float32; with 4 bits, every weight not quantized too
+        as_float32 = static(weight_bytes=4)[setup]
+        adapter = row["trainable_params"]
+        weights = as_float32["weights"] if cfg.load_in_4bit else row["weights"] + adapter * (4 - DTYPE_BYTES[cfg.dtype])
+        row = {**as_float32, "weights": weights, "total": weights + as_float32["gradients"] + as_float32["optimizer"]}
     reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if cfg.beta > 0 and not cfg.use_peft else 0
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
@@ -203,7 +221,13 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
 
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
-    activation_bytes = 2 if (cfg.bf16 or cfg.dtype != "float32") else 4
+    activation_bytes = 2 if (cfg.bf16 or cfg.fp16 or cfg.dtype != "float32") else 4
+    autocast_copies = 0
+    if (cfg.bf16 or cfg.fp16) and cfg.dtype == "float32" and not cfg.use_peft:
+        head = config.vocab_size * config.hidden_size
+        layers_held = 1 if cfg.gradient_checkpointing else config.num_hidden_layers  # their copies live at once
+        block_weights = (row["matmul_weights"] - head) * layers_held // config.num_hidden_layers
+        autocast_copies = 2 * (block_weights + head)
     prompts = (distinct_prompts(mini_batch, cfg.num_generations, cfg.generation_batch_size, cfg.steps_per_generation)
                if cfg.shared_prefix else mini_batch)
     tokens = prompts * prompt_length + mini_batch * completion_length  # through the model, each prompt once if shared
@@ -216,9 +240,9 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     else:
         activations = (tokens * layer_bytes + prompt_kv_copies) * config.num_hidden_layers
     floor = {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
-             "block_tokens": block_tokens, "mini_batch": mini_batch, "completion_length": completion_length,
-             "prompt_length": prompt_length, "prompts": prompts,
-             "floor": row["total"] + reference + logits + activations}
+             "autocast_copies": autocast_copies, "block_tokens": block_tokens, "mini_batch": mini_batch,
+             "completion_length": completion_length, "prompt_length": prompt_length, "prompts": prompts,
+             "floor": row["total"] + reference + logits + activations + autocast_copies}
     if cfg.use_vllm:
         floor["vllm"] = vllm_engine_bytes(config, row["total_params"] - row["trainable_params"] * cfg.use_peft,
                                           DTYPE_BYTES[cfg.dtype], cfg.generation_batch_size,
@@ -259,7 +283,10 @@ def format_recipe_table(path: str, floor: dict) -> str:
             (f"logits, one block of the head ({floor['block_tokens']} tokens x vocabulary, 3 float32 copies)",
              floor["logits"]),
             (f"activations, estimated ({floor['prompts']} x {floor['prompt_length']} prompt + {floor['mini_batch']} x "
-             f"{floor['completion_length']} completion tokens)", floor["activations"]), ("**total**", floor["floor"])]
+             f"{floor['completion_length']} completion tokens)", floor["activations"])]
+    if floor["autocast_copies"]:
+        rows.append(("16-bit copies of the float32 weights (autocast, kept for backward)", floor["autocast_copies"]))
+    rows.append(("**total**", floor["floor"]))
     lines = [f"`{path}` ({floor['setup']}: {floor['trainable_params']:,} trainable of {floor['total_params']:,})", "",
              "| part | GiB |", "|---|---|"] + [f"| {name} | {gib(b)} |" for name, b in rows]
     if "vllm" in floor:
@@ -305,6 +332,58 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
     cfg = Config(num_generations=group_size, generation_batch_size=len(rewards), beta=beta)
     inputs = Batch.of_completions(*ids, adv=adv.to(ids[0].device), ref_logp=ref_logp)
     return grpo_update(model, optimizer, inputs, cfg, max_completion_length=ids[2].shape[1])[0]["loss"]
+
+
+def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, steps: int = 2) -> dict:
+    """The memory of cfg's training step, measured, beside `recipe_floor`'s prediction for the same shapes.
+
+    cfg.model_name_or_path must be a local directory (for a recipe's hub model, a random model of its shape:
+    `shape_dir`). The policy is loaded as the trainer loads it (run.load_policy: full, LoRA or QLoRA, dtype,
+    gradient checkpointing); the batch is generation_batch_size random completions of max_completion_length tokens
+    in groups of num_generations on prompt_length-token prompts (what `recipe_floor` assumes), and the update is the
+    trainer's own (`trainer.grpo_update`: its micro-batches, autocast, fp16's scaler), `steps` times; the last one
+    is measured (AdamW's moments exist from the first). What is left out is what recipe_floor leaves out: sampling
+    and its KV cache, vLLM, the reference's forward (ref_logp is given).
+
+    Returns {"peak_bytes": the peak over the measured step above what was live before the model was built
+    (CUDA: allocated tensors, so weights, gradients, moments and activations; a CPU: the resident set),
+    "predicted": recipe_floor(cfg, prompt_length), "seconds"}.
+    """
+    from ..batch import Batch
+    from ..mixed_precision import autocast_dtype, grad_scaler
+    from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+    from ..run import load_policy
+    from ..tasks import get_task
+    from ..trainer import grpo_update
+
+    device = torch.device(device)
+    completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
+    N, G = cfg.generation_batch_size, cfg.num_generations
+    gc.collect()  # what an earlier model left (reference cycles) is freed; what is still live is the baseline
+    reset_peak_memory(device)
+    baseline = current_memory_bytes(device)
+    t0 = time.perf_counter()
+    model, _ = load_policy(cfg, cfg.model_name_or_path, device)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate)
+    batch, _ = synthetic_batch(model.config.vocab_size, N // G, prompt_length, completion_length)
+    prompt_ids, prompt_mask = (batch[k].repeat_interleave(G, dim=0) for k in ("prompt_ids", "prompt_mask"))
+    completions, _ = synthetic_batch(model.config.vocab_size, N, 1, completion_length, seed=1)
+    inputs = Batch.of_completions(prompt_ids, prompt_mask, completions["completion_ids"],
+                                  completions["completion_mask"], adv=torch.randn(N)).to(device)
+    if cfg.beta > 0 and not cfg.kl_in_reward:
+        inputs.ref_logp = torch.zeros(N, completion_length, device=device)
+    dtype = autocast_dtype(cfg.bf16, cfg.fp16)
+    autocast = functools.partial(torch.autocast, device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+    scaler = grad_scaler(device, enabled=cfg.fp16)
+    for step in range(steps):
+        if step == steps - 1:
+            reset_peak_memory(device)
+        grpo_update(model, optimizer, inputs, cfg, max_completion_length=completion_length, autocast=autocast,
+                    scaler=scaler)
+    peak = peak_memory_bytes(device) - baseline
+    del model, optimizer, inputs
+    return {"peak_bytes": peak, "predicted": recipe_floor(cfg, prompt_length), "seconds": time.perf_counter() - t0}
 
 
 def _import_model_code(model_dir: str) -> None:

@@ -85,7 +85,7 @@ def sharded_floor(cfg, num_processes: int, fsdp: bool, prompt_length: int = 200)
             floor[key] = -(-floor[key] // W)
         config = model_config(cfg)
         total, root, block = root_and_block_params(config)
-        compute_bytes = 2 if cfg.bf16 else DTYPE_BYTES[cfg.dtype]  # MixedPrecisionPolicy gathers in bfloat16
+        compute_bytes = 2 if cfg.bf16 or cfg.fp16 else DTYPE_BYTES[cfg.dtype]  # MixedPrecisionPolicy: 16 bits
         options = cfg.fsdp_config or {}
         # reshard_after_forward false: every block stays gathered from its forward to its backward
         blocks_held = config.num_hidden_layers if options.get("reshard_after_forward") is False else 2
@@ -98,8 +98,10 @@ def sharded_floor(cfg, num_processes: int, fsdp: bool, prompt_length: int = 200)
         floor["ddp_buckets"] = floor["gradients"]
     if not (fsdp and W > 1):
         floor["sampling"] = sum(floor[key] for key in sharded)
+    if fsdp and W > 1:  # MixedPrecisionPolicy gathers the blocks in 16 bits: no autocast copies beside them
+        floor["autocast_copies"] = 0
     floor["training"] = (sum(floor[key] for key in sharded) - floor["offloaded"] + floor["gathered"]
-                         + floor["ddp_buckets"] + floor["logits"] + floor["activations"])
+                         + floor["ddp_buckets"] + floor["logits"] + floor["activations"] + floor["autocast_copies"])
     floor["floor"] = max(floor["training"], floor["sampling"])
     return floor
 
@@ -115,6 +117,7 @@ def format_sharded_table(path: str, floor: dict) -> str:
             ("of the above, offloaded to CPU memory (cpu_offload)", floor["offloaded"]),
             (f"logits, one block of the head ({floor['block_tokens']} tokens)", floor["logits"]),
             (f"activations, estimated ({floor['mini_batch']} completions per micro-batch)", floor["activations"]),
+            ("16-bit copies of the float32 weights (autocast, kept for backward)", floor["autocast_copies"]),
             ("**training floor**", floor["training"]),
             ("**sampling floor** (whole weights gathered)", floor["sampling"]), ("**per GPU**", floor["floor"])]
     lines = [f"`{path}` ({floor['setup']}) on {W} process(es), {engine}, each GPU's share:", "",

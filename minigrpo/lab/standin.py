@@ -31,7 +31,17 @@ from pathlib import Path
 
 from ..chat_templates import QWEN25_MESSAGES
 
-__all__ = ["CHATML_TEMPLATE", "make_standin_chat_model"]
+__all__ = ["CHATML_TEMPLATE", "QWEN25_05B_SHAPE", "TOY_SHAPE", "make_standin_chat_model"]
+
+# make_standin_chat_model's arguments for Qwen2.5-0.5B's shape (its published config.json): 24 blocks, hidden 896,
+# MLP 4864, 14 query and 2 key-value heads, a 151,936-row tied embedding; 494M parameters. The weights' spread is
+# a trained model's (0.02 would make every logit nearly equal; 0.5 overflows float16 within a few blocks).
+QWEN25_05B_SHAPE = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+                        embedding_size=151936, max_position_embeddings=32768, initializer_range=0.1)
+# ... and the same code paths at a toy size, for the CPU runs of the CUDA tests and the GPU check's dry run: grouped-
+# query attention, an embedding padded beyond the tokenizer, the same spread of weights.
+TOY_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, embedding_size=2048,
+                 initializer_range=0.1)
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"  # added tokens in Qwen2.5, but not special ones
@@ -177,7 +187,9 @@ def _make_tokenizer(texts: list[str], vocab_size: int):
 
 def make_standin_chat_model(out_dir, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                             num_kv_heads: int = 2, vocab_size: int = 1000, max_position_embeddings: int = 2048,
-                            initializer_range: float = 0.5, seed: int = 0, texts: list[str] | None = None) -> Path:
+                            initializer_range: float = 0.5, seed: int = 0, texts: list[str] | None = None,
+                            intermediate_size: int | None = None, embedding_size: int | None = None,
+                            rms_norm_eps: float = 1e-6, device: str = "cpu") -> Path:
     """Build the stand-in and save model + tokenizer to `out_dir` (save_pretrained format); returns the path.
 
     vocab_size: the most tokens in all, the five added ones included (two tool-call tokens, three special ones); a
@@ -185,6 +197,10 @@ def make_standin_chat_model(out_dir, *, hidden_size: int = 64, num_layers: int =
     (default: ~400 built-in lines shaped like the tasks' prompts, answers and tool calls). Weights are drawn from
     N(0, initializer_range) with torch seeded by `seed`; the caller's random state is left as it was. The defaults
     give 187k parameters, built and saved in ~0.1 s (plus ~1.5 s of imports the first time in a process).
+    intermediate_size: the MLP's width (default 4 x hidden_size). embedding_size: rows of the (tied) embedding and
+    head, when larger than the tokenizer (Qwen2.5 pads its 151,665 tokens to 151,936): the real model's shape, at
+    its cost. `QWEN25_05B_SHAPE` gives Qwen2.5-0.5B's. device: where the weights are drawn (a GPU draws 0.5B in a
+    second, two CPU cores in two minutes; the two draw different numbers from the same seed).
     """
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -192,15 +208,18 @@ def make_standin_chat_model(out_dir, *, hidden_size: int = 64, num_layers: int =
     tokenizer = _make_tokenizer(texts if texts is not None else _training_text(), vocab_size - 5)
     endoftext, im_end = tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_END])
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        vocab_size=max(len(tokenizer), embedding_size or 0), hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size, rms_norm_eps=rms_norm_eps,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, rope_theta=1e6,
         initializer_range=initializer_range, bos_token_id=endoftext, eos_token_id=im_end, pad_token_id=endoftext,
         attn_implementation="sdpa",
     )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's random stream as it was
+    cuda = torch.device(device).type == "cuda"
+    with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []):  # leave the caller's streams alone
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
     # Qwen2.5-Instruct's generation_config.json, word for word but for the ids.
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext, pad_token_id=endoftext, eos_token_id=[im_end, endoftext],
