@@ -62,9 +62,10 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 # ---------------------------------------------------------------------------------------------------------
 def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
                               temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                              top_k: int = 0, top_p: float = 1.0):
+                              top_k: int = 0, top_p: float = 1.0, with_sum_pi_squared: bool = False):
     """log pi(o_t | q, o_<t) (B, T) and, if asked, the policy's entropy at each position (B, T; no gradient unless
-    entropy_grad, for an entropy bonus in the loss).
+    entropy_grad, for an entropy bonus in the loss); with_sum_pi_squared: a third output, sum_v pi_v^2 at each
+    position (B, T; no gradient), which the optimal token baseline reads (advantages.py).
 
     prompt_ids/prompt_mask: (B, P) left-padded; completion_ids/completion_mask: (B, T) right-padded.
     One forward pass over the padded (B, P + T) batch, log_softmax over the whole vocabulary (over what top_k /
@@ -86,6 +87,8 @@ def plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
         finite = logp_all.masked_fill(logp_all.isinf(), 0.0) if truncates(top_k, top_p) else logp_all
         entropy = -(logp_all.exp() * finite).sum(-1) * mask
         entropy = entropy if entropy_grad else entropy.detach()
+    if with_sum_pi_squared:
+        return logp * mask, entropy, logp_all.exp().square().sum(-1).detach() * mask
     return logp * mask, entropy
 
 
@@ -108,6 +111,7 @@ def completion_logprobs(
     one_pass: bool = False,
     top_k: int = 0,
     top_p: float = 1.0,
+    with_sum_pi_squared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Returns logp (B, T) and, if asked, the per-token entropy (B, T) of the policy (no gradient): the numbers of
     `plain_completion_logprobs` (within float rounding), computed as the module docstring says.
@@ -119,27 +123,32 @@ def completion_logprobs(
     prompt (the same numbers, G times the prompt's compute; see the module docstring, 3). one_pass: the whole batch
     in one call of the decoder, untrimmed (sharded training makes the same calls on every process: distributed.py).
     top_k, top_p: the sampler's truncation; the log-probs and entropies are those of the distribution it drew from.
+    with_sum_pi_squared: a third output, sum_v pi_v^2 at each position (B, T), computed in the head's blocks like the
+    entropy (never a tokens x vocabulary tensor); without gradient only (the optimal token baseline's old policy).
     """
     decoder, head, adapter_off = _decoder_and_head(model)
     if not trim_padding or head is None or entropy_grad:
         return plain_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                          temperature=temperature, with_entropy=with_entropy or entropy_grad,
-                                         entropy_grad=entropy_grad, top_k=top_k, top_p=top_p)
+                                         entropy_grad=entropy_grad, top_k=top_k, top_p=top_p,
+                                         with_sum_pi_squared=with_sum_pi_squared)
     with adapter_off:
         hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, completion_ids,
                                           completion_mask, share_prompts=share_prompts, one_pass=one_pass)  # (B, T, H)
         on_token = completion_mask.bool()  # only real tokens go through the head
         if block_tokens is None:
             block_tokens = max(1, BLOCK_ELEMENTS // head.out_features)
-        token_logp, token_entropy = head_logprobs(hidden[on_token], head.weight, completion_ids[on_token],
-                                                  temperature=temperature, with_entropy=with_entropy,
-                                                  block_tokens=block_tokens, top_k=top_k,
-                                                  top_p=top_p)  # (N,), N real tokens
+        token_logp, token_entropy, *token_sum_pi_squared = head_logprobs(
+            hidden[on_token], head.weight, completion_ids[on_token], temperature=temperature, with_entropy=with_entropy,
+            block_tokens=block_tokens, top_k=top_k, top_p=top_p,
+            with_sum_pi_squared=with_sum_pi_squared)  # (N,), N real tokens
     logp = token_logp.new_zeros(completion_ids.shape).masked_scatter(on_token, token_logp)  # (B, T)
     entropy = None
     if with_entropy:
         entropy = token_entropy.new_zeros(completion_ids.shape).masked_scatter(on_token, token_entropy)
-    return logp, entropy
+    if not with_sum_pi_squared:
+        return logp, entropy
+    return logp, entropy, torch.zeros_like(logp).masked_scatter(on_token, token_sum_pi_squared[0])  # (B, T)
 
 
 def completion_hidden_states(decoder, config, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
@@ -331,7 +340,7 @@ def _decoder_and_head(model):
 # ---------------------------------------------------------------------------------------------------------
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0,
                   with_entropy: bool = False, block_tokens: int = 128, top_k: int = 0,
-                  top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  top_p: float = 1.0, with_sum_pi_squared: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token) (N,) and, if asked, the entropy (N,; no gradient) from final hidden states (N, H) and the
     output head's weight (V, H): logits = hidden @ weight.T / temperature, computed `block_tokens` rows at a time,
     each softmax over what top_k / top_p keep (truncation.py).
@@ -339,16 +348,21 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.T
     Differentiable in hidden and weight (ChunkedHeadLogprobs); without a gradient to compute, the blocks run once.
     Matrix products run in autocast's dtype when autocast is on (bfloat16 on a GPU), in the weight's otherwise;
     log-softmax in float32, as the plain path does. At most two (block_tokens x V) tensors exist at once, forward
-    or backward (tests/test_logprobs.py measures it).
+    or backward (tests/test_logprobs.py measures it). with_sum_pi_squared (no gradient): a third output,
+    sum_v p_v^2 (N,), from each block's softmax.
     """
     compute_dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(
         hidden.device.type) else weight.dtype
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if with_sum_pi_squared and needs_grad:
+        raise ValueError("with_sum_pi_squared: without gradient only (torch.no_grad())")
     if not needs_grad:
+        sum_pi_squared = hidden.new_empty(hidden.shape[0], dtype=torch.float32) if with_sum_pi_squared else None
         with torch.no_grad():
             logp, entropy, _ = _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens,
-                                             compute_dtype, with_expected_weight=False, truncation=(top_k, top_p))
-        return logp, entropy
+                                             compute_dtype, with_expected_weight=False, truncation=(top_k, top_p),
+                                             sum_pi_squared_out=sum_pi_squared)
+        return (logp, entropy) if sum_pi_squared is None else (logp, entropy, sum_pi_squared)
     logp, entropy = ChunkedHeadLogprobs.apply(hidden, weight, token_ids, temperature, with_entropy, block_tokens,
                                               compute_dtype, (top_k, top_p))
     return logp, entropy if with_entropy else None
@@ -363,9 +377,9 @@ def _block_logits(hidden_block, weight, temperature, token_ids, truncation):
 
 
 def _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_tokens, compute_dtype,
-                  with_expected_weight, truncation=(0, 1.0)):
+                  with_expected_weight, truncation=(0, 1.0), sum_pi_squared_out=None):
     """The head over `block_tokens` tokens at a time (_block_forward). Returns (logp, entropy or None,
-    expected_weight or None), all (N, ...)."""
+    expected_weight or None), all (N, ...). sum_pi_squared_out: an (N,) tensor to fill with sum_v p_v^2, or None."""
     N = hidden.shape[0]
     weight_c = weight.to(compute_dtype)  # cast once, not per block (a no-op when the dtypes agree)
     logp = hidden.new_empty(N, dtype=torch.float32)
@@ -375,14 +389,17 @@ def _head_forward(hidden, weight, token_ids, temperature, with_entropy, block_to
         block = slice(start, start + block_tokens)
         _block_forward(hidden[block].to(compute_dtype), weight_c, token_ids[block], temperature, truncation,
                        logp[block], None if entropy is None else entropy[block],
-                       None if expected_weight is None else expected_weight[block])
+                       None if expected_weight is None else expected_weight[block],
+                       None if sum_pi_squared_out is None else sum_pi_squared_out[block])
     return logp, entropy, expected_weight
 
 
-def _block_forward(hidden_block, weight, token_ids, temperature, truncation, logp, entropy, expected_weight):
+def _block_forward(hidden_block, weight, token_ids, temperature, truncation, logp, entropy, expected_weight,
+                   sum_pi_squared=None):
     """One block: logits (n, V), log Z = logsumexp, log pi(o) = logit[o] - log Z; with the softmax
     p = exp(logits - log Z), the entropy H = log Z - sum_v p_v logit_v and the expected head row E_p[w] = p @ W
-    (n, H), which backward needs for the hidden states' gradient. Results go into the given (n,) / (n, H) views.
+    (n, H), which backward needs for the hidden states' gradient, and sum_v p_v^2 (the optimal token baseline's).
+    Results go into the given (n,) / (n, H) views.
 
     Memory: the block's (n, V) tensors are this function's locals, so none outlives the block, and there are two
     at most (the logits and the softmax; logsumexp's own temporary comes and goes before the softmax exists). The
@@ -390,11 +407,13 @@ def _block_forward(hidden_block, weight, token_ids, temperature, truncation, log
     logits = _block_logits(hidden_block, weight, temperature, token_ids, truncation)  # (n, V)
     log_z = logits.logsumexp(dim=-1)  # (n,)
     logp.copy_(logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - log_z)
-    if entropy is None and expected_weight is None:
+    if entropy is None and expected_weight is None and sum_pi_squared is None:
         return
     probs = (logits - log_z.unsqueeze(-1)).exp_()  # (n, V), the softmax (0 where a token is dropped)
     if expected_weight is not None:
         expected_weight.copy_(probs.to(weight.dtype) @ weight)
+    if sum_pi_squared is not None:  # each row's dot product with itself: no third (n, V) tensor
+        sum_pi_squared.copy_(torch.bmm(probs[:, None], probs[:, :, None]).view(-1))
     if entropy is not None:
         if truncates(*truncation):  # a dropped token: logit -inf, p 0, and adds 0 to the sum
             logits.masked_fill_(logits.isinf(), 0.0)

@@ -90,6 +90,32 @@ def test_no_logits_larger_than_one_block_exist_forward_or_backward():
     assert sizes["blocks"] <= 5  # the fast path: one block of 5 positions at most
 
 
+@pytest.mark.parametrize("truncation", [{}, {"top_k": 7}, {"top_p": 0.8}], ids=["full", "top_k", "top_p"])
+def test_sum_pi_squared_in_the_head_equals_the_softmax_squared(truncation):
+    # The optimal token baseline's sum_v pi_v^2, from each block's softmax: the plain path's, and a direct
+    # computation from full logits (over what the sampler's truncation keeps), at every completion token.
+    torch.manual_seed(0)
+    V = 50
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+    ids = sampled_batch(V)
+    with torch.no_grad():
+        logp, _, sum_pi_squared = completion_logprobs(model, *ids, temperature=0.7, block_tokens=4,
+                                                      with_sum_pi_squared=True, **truncation)
+        plain_logp, _, plain_sum = plain_completion_logprobs(model, *ids, temperature=0.7, with_sum_pi_squared=True,
+                                                             **truncation)
+        head_only, _ = completion_logprobs(model, *ids, temperature=0.7, block_tokens=4, **truncation)
+    torch.testing.assert_close(sum_pi_squared, plain_sum, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(logp, head_only)  # asking for it changes nothing else
+    mask = ids[3].bool()
+    assert (sum_pi_squared[~mask] == 0).all() and (sum_pi_squared[mask] >= logp[mask].exp() ** 2 - 1e-6).all()
+    assert (sum_pi_squared[mask] <= 1 + 1e-6).all()
+    # the gradient path does not compute it: asked with a gradient, a clear error
+    with pytest.raises(ValueError, match="without gradient"):
+        head_logprobs(torch.randn(3, 4, requires_grad=True), torch.randn(V, 4), torch.tensor([1, 2, 3]),
+                      with_sum_pi_squared=True)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Memory at Qwen2.5's 151,936-token vocabulary, counted tensor by tensor (live_tensors.LiveTensorBytes: the same
 # figure on every run).
@@ -112,6 +138,21 @@ def test_the_head_holds_two_blocks_of_logits_at_most(frozen_head):
         logp.sum().backward()
     head_gradient = 0 if frozen_head else V * H * 4
     assert live.peak <= 2 * n * V * 4 + head_gradient + 16 * N * (H + 1) * 4
+
+
+def test_sum_pi_squared_keeps_the_head_at_two_blocks():
+    # The optimal token baseline's old-policy pass (no gradient, sum_v pi_v^2 asked for): 3 and a bit blocks of 20
+    # tokens at Qwen's vocabulary, and still the logits and the softmax of one block at most, never a (tokens x V)
+    # tensor for the batch (67 x V x 4 bytes = 41 MB here; 2 blocks: 24 MB).
+    g = torch.Generator().manual_seed(0)
+    V, H, N, n = QWEN_VOCABULARY, 16, 67, 20
+    hidden, weight = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) * 0.1
+    token_ids = torch.randint(0, V, (N,), generator=g)
+    with torch.no_grad(), LiveTensorBytes() as live:
+        _, _, sum_pi_squared = head_logprobs(hidden, weight, token_ids, block_tokens=n, with_sum_pi_squared=True)
+    assert live.peak <= 2 * n * V * 4 + 16 * N * (H + 1) * 4 < N * V * 4
+    probs = (hidden @ weight.T).softmax(-1)
+    torch.testing.assert_close(sum_pi_squared, (probs**2).sum(-1))
 
 
 def test_the_log_prob_pass_adds_under_a_quarter_of_a_logits_copy_to_its_body():
