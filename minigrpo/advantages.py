@@ -33,7 +33,8 @@ import torch
 __all__ = ["group_advantages", "rloo_advantages", "process_advantages", "kl_penalized_rewards",
            "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "opo_advantages",
            "grpo_passk_advantages", "pass_at_k_advantages", "gpg_advantages", "normalize_then_sum_advantages",
-           "gfpo_keep", "AdvantageInputs", "ADVANTAGE_ESTIMATORS", "register_advantage", "compute_advantages"]
+           "gfpo_keep", "maxrl_advantages", "remax_advantages", "optimal_token_baseline_advantages",
+           "AdvantageInputs", "ADVANTAGE_ESTIMATORS", "ESTIMATOR_NEEDS", "register_advantage", "compute_advantages"]
 
 
 def _nan_std(x: torch.Tensor, dim: int, *, unbiased: bool) -> torch.Tensor:
@@ -438,15 +439,119 @@ def gfpo_keep(rewards: torch.Tensor, lengths: torch.Tensor, group_size: int, k: 
 
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Baselines that are not the group's mean and std (MaxRL, ReMax, the optimal token baseline)
+# ---------------------------------------------------------------------------------------------------------
+def maxrl_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """MaxRL ("Maximum Likelihood Reinforcement Learning", Tajwar, Zeng et al. 2026, arXiv 2602.02710): the group
+    mean as baseline, and the mean again as the scale,
+
+        A_i = (r_i - mean(r_group)) / mean(r_group)          (GRPO divides by the std instead)
+
+    With 0/1 rewards the mean is the prompt's pass rate p: the maximum-likelihood gradient of log p is grad p / p,
+    so a hard prompt (p small) weighs 1/p, where RL's expected reward (pass@1) weighs every prompt alike and GRPO's
+    std weighs 1/sqrt(p(1 - p)), which falls again as p -> 1. The paper's estimator averages the score function
+    over the successful samples only, unbiased for the maximum-likelihood objective truncated at order G (G = 1 is
+    REINFORCE, G -> infinity exact maximum likelihood); with the mean as a control variate that is the line above
+    (as prime-rl's `max_rl` algorithm has it; TRL's docs list a MaxRLTrainer). Meant for rewards >= 0, canonically
+    0/1: a group whose mean is <= 0 (every answer wrong: no success to learn from) gets 0, as does an all-equal
+    group. NaN rewards: left out of the mean, advantage 0. Args: rewards (N,), groups consecutive. Returns (N,).
+    """
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)  # (P, G)
+    mean = grouped.nanmean(dim=1, keepdim=True)  # (P, 1), the pass rate for 0/1 rewards
+    adv = (grouped - mean) / mean.clamp(min=torch.finfo(grouped.dtype).tiny)
+    no_signal = ~(mean > 0) | _all_equal(grouped, 1).unsqueeze(1) | grouped.isnan()
+    return adv.masked_fill(no_signal, 0.0).view(-1)
+
+
+def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
+    Large Language Models", arXiv 2310.10505, Algorithm 1): the baseline of a prompt is the reward of its greedy
+    completion, a second sample that costs no critic,
+
+        A_i = r_i - r(greedy completion of prompt(i))
+
+    An estimate of how much better a sample is than what the policy would say without sampling: unbiased (the
+    greedy answer does not depend on the sample), no std. It needs no group (G = 1 works), and unlike GRPO's it
+    gives a signal to a group whose samples all scored alike when the greedy answer scored otherwise. verl's
+    `remax` (compute_remax_outcome_advantage): the same, per token. minigrpo samples the greedy completion with the
+    group, one more row per prompt (collect.py). A NaN reward, or a NaN greedy reward: advantage 0.
+    Args: rewards (N,), groups consecutive; greedy_rewards (P,), one per prompt. Returns (N,).
+    """
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)  # (P, G)
+    adv = grouped - greedy_rewards.to(grouped.dtype).view(-1, 1)
+    return adv.nan_to_num(nan=0.0).view(-1)
+
+
+def optimal_token_baseline_advantages(rewards: torch.Tensor, old_logp: torch.Tensor, sum_pi_squared: torch.Tensor,
+                                      mask: torch.Tensor, group_size: int, *, policy_tokens_only: bool = False,
+                                      handle_zero_tail: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """The optimal token baseline, OTB (arXiv 2602.07078; verl's `optimal_token_baseline` and, with
+    policy_tokens_only, `tir_optimal_token_baseline`): one baseline per token position t of a group, weighted by how
+    much each trajectory's gradient could have moved up to t,
+
+        w_{i,j} = 1 - 2 pi_old(o_{i,j}) + sum_v pi_old(v | o_{i,<j})^2     (the squared norm of the logits' score)
+        W_{i,t} = sum_{j <= t} w_{i,j}                                      (cumulative path variance)
+        B_t     = sum_i G_{i,t} W_{i,t} / (sum_i W_{i,t} + eps)             (over the group's trajectories at t)
+        A_{i,t} = G_{i,t} - B_t
+
+    where G_{i,t} is the return from t: r_i at every token, for one outcome reward. Against GRPO: the baseline is
+    not one number per group but a weighted mean per position, and it is not divided by a std. Why: the baseline
+    that minimises the gradient's variance weighs each sample's return by its squared score norm; W_t is a cheap
+    proxy for it, so trajectories that were uncertain (pi spread over many tokens) weigh more, confident ones
+    (pi(o) near 1, w near 0) less. The per-token advantage differs along a completion even with one reward.
+
+    Conventions (verl's): where one trajectory of the group is not empty, its baseline is 0 (its advantage is its
+    return); handle_zero_tail: past the second-longest trajectory the longest is alone, and its baseline there is 0
+    rather than its own return. policy_tokens_only (the multi-turn, tool form): t counts the policy's own tokens only,
+    so a tool's answer neither moves W nor shifts the positions compared across the group; without it t is the
+    position in the completion and mask's 0s (tool output) are skipped in place. Unlike verl, a group whose scored
+    rewards are all equal — a lone completion among them — gets exactly 0, as in every estimator here (verl leaves
+    eps-sized residues, gives a lone trajectory its return and the longest completion's tail its whole return), and
+    a NaN reward leaves its trajectory out (advantage 0).
+
+    Args: rewards (N,), groups consecutive; old_logp (N, T) log pi_old of the sampled tokens; sum_pi_squared (N, T)
+    sum_v pi_old(v)^2 at each position (logprobs.py computes it in the head's blocks); mask (N, T) 1 on the policy's
+    tokens (tool output 0). Returns adv (N, T), 0 off the mask.
+    """
+    rewards = rewards if rewards.is_floating_point() else rewards.float()
+    mask = mask.to(old_logp.dtype) * ~rewards.isnan().unsqueeze(1)  # an unscorable trajectory is left out
+    order = None
+    if policy_tokens_only:  # each row's policy tokens moved to the left, in order: t counts them
+        order = torch.sort((mask == 0).to(torch.int8), dim=1, stable=True).indices  # (N, T), a permutation per row
+        old_logp, sum_pi_squared, mask = (x.gather(1, order) for x in (old_logp, sum_pi_squared, mask))
+    w = (1 - 2 * old_logp.exp() + sum_pi_squared) * mask  # (N, T)
+    weight = w.cumsum(dim=1) * mask  # (N, T) W_{i,t} on the trajectory's tokens
+    returns = rewards.nan_to_num(0.0).unsqueeze(1) * mask  # (N, T) G_{i,t}
+    P, T = len(rewards) // group_size, mask.shape[1]
+    baseline = ((returns * weight).view(P, group_size, T).sum(1)
+                / (weight.view(P, group_size, T).sum(1) + eps))  # (P, T)
+    baseline = baseline.unsqueeze(1).repeat(1, group_size, 1)  # (P, G, T)
+    lengths = mask.sum(1).view(P, group_size)  # (P, G)
+    baseline = baseline.masked_fill(((lengths > 0).sum(1) <= 1).view(P, 1, 1), 0.0)  # a lone trajectory: none
+    if handle_zero_tail and group_size > 1:
+        top2 = lengths.topk(2, dim=1).values  # (P, 2)
+        alone = ((lengths == top2[:, :1]).sum(1) == 1) & (top2[:, 0] > top2[:, 1])  # (P,)
+        tail = torch.arange(T, device=mask.device) >= top2[:, 1:2]  # (P, T) past the second-longest
+        longest = torch.nn.functional.one_hot(lengths.argmax(1), group_size).bool()  # (P, G)
+        baseline = baseline.masked_fill(alone.view(P, 1, 1) & longest.unsqueeze(2) & tail.unsqueeze(1), 0.0)
+    adv = (returns - baseline.view(-1, T)) * mask  # (N, T)
+    adv = adv.masked_fill(_all_equal(rewards.view(P, group_size), 1).repeat_interleave(group_size).unsqueeze(1), 0.0)
+    return adv if order is None else torch.zeros_like(adv).scatter(1, order, adv)
+
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The table of estimators (verl's `register_adv_est`): one name, one function of the batch's rewards. Config's
 # `advantage_estimator` choices, the CLI and the docs read it; an estimator registered from outside trains like
-# these.
+# these. An estimator that needs more than the rewards says so once, in `needs` (ESTIMATOR_NEEDS): the loop then
+# samples or computes it, only for that estimator.
 # ---------------------------------------------------------------------------------------------------------------
 
 @dataclass
 class AdvantageInputs:
-    """What an estimator may read: rewards (N,) grouped consecutively by group_size, NaN = unscorable."""
+    """What an estimator may read: rewards (N,) grouped consecutively by group_size, NaN = unscorable; and what
+    only some estimators need (None unless asked for, ESTIMATOR_NEEDS)."""
 
     rewards: torch.Tensor  # (N,)
     group_size: int
@@ -454,6 +559,10 @@ class AdvantageInputs:
     scale_rewards: str = "group"  # "group", "batch" or "none" (group_advantages' scale)
     std_type: str = "sample"  # "sample" or "population"
     pass_k: int = 4  # k of pass_at_k
+    greedy_rewards: torch.Tensor | None = None  # (P,) "greedy_rewards": each prompt's greedy completion's reward
+    old_logp: torch.Tensor | None = None  # (N, T) "token_stats": log pi_old of each sampled token ...
+    sum_pi_squared: torch.Tensor | None = None  # (N, T) ... sum_v pi_old(v)^2 at its position ...
+    mask: torch.Tensor | None = None  # (N, T) ... and the policy's tokens (tool output 0)
 
     @property
     def token_mask(self) -> torch.Tensor:
@@ -462,12 +571,20 @@ class AdvantageInputs:
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs], torch.Tensor]] = {}
+ESTIMATOR_NEEDS: dict[str, frozenset[str]] = {}  # name -> what it reads beyond the rewards (AdvantageInputs' notes)
+NEEDS = ("greedy_rewards", "token_stats")
 
 
-def register_advantage(name: str) -> Callable:
-    """Decorator: fn(x: AdvantageInputs) -> adv (N,) becomes advantage_estimator `name`."""
+def register_advantage(name: str, *, needs: tuple[str, ...] = ()) -> Callable:
+    """Decorator: fn(x: AdvantageInputs) -> adv (N,), or (N, T) per token, becomes advantage_estimator `name`.
+    needs: "greedy_rewards" (one greedy completion per prompt, sampled and scored with the group), "token_stats"
+    (old log-probs, sum pi^2 and the policy's tokens: a per-token estimator)."""
+    unknown = set(needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"needs: {', '.join(sorted(unknown))} is not one of {', '.join(NEEDS)}")
+
     def add(fn):
-        ADVANTAGE_ESTIMATORS[name] = fn
+        ADVANTAGE_ESTIMATORS[name], ESTIMATOR_NEEDS[name] = fn, frozenset(needs)
         return fn
 
     return add
@@ -484,15 +601,32 @@ register_advantage("opo")(lambda x: opo_advantages(x.rewards, x.group_size, x.le
 register_advantage("grpo_passk")(lambda x: grpo_passk_advantages(x.rewards, x.group_size, scale=x.scale_rewards != "none"))
 register_advantage("pass_at_k")(lambda x: pass_at_k_advantages(x.rewards, x.group_size, x.pass_k))
 register_advantage("gpg")(lambda x: gpg_advantages(x.rewards, x.group_size))
+# A = (r - mean) / mean: the pass rate as the scale (prime-rl's name)
+register_advantage("max_rl")(lambda x: maxrl_advantages(x.rewards, x.group_size))
+# A = r - r(greedy completion of the prompt), sampled with the group
+register_advantage("remax", needs=("greedy_rewards",))(
+    lambda x: remax_advantages(x.rewards, x.greedy_rewards, x.group_size))
+# A_t = G_t - sum_i G_t W_t / sum_i W_t, W_t = sum_{j <= t} (1 - 2 pi_j + sum_v pi_v^2): per token, (N, T), which the
+# loss reads as it is (process supervision's shape); the tir_ form counts the policy's tokens only (tools)
+register_advantage("optimal_token_baseline", needs=("token_stats",))(
+    lambda x: optimal_token_baseline_advantages(x.rewards, x.old_logp, x.sum_pi_squared, x.mask, x.group_size))
+register_advantage("tir_optimal_token_baseline", needs=("token_stats",))(
+    lambda x: optimal_token_baseline_advantages(x.rewards, x.old_logp, x.sum_pi_squared, x.mask, x.group_size,
+                                                policy_tokens_only=True))
 
 
 def compute_advantages(x: AdvantageInputs, estimator: str = "grpo", *, rewards_per_func: torch.Tensor | None = None,
                        reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(adv (N,), zero_std (N,)) of the batch: the estimator's advantages, or GDPO's from each reward function's
-    rewards when rewards_per_func (N, F) is given (multi_objective_aggregation="normalize_then_sum"). zero_std
-    marks the groups whose rewards are all equal (frac_reward_zero_std), whatever the estimator."""
+    """(adv, zero_std (N,)) of the batch: the estimator's advantages ((N,), or (N, T) for a per-token estimator), or
+    GDPO's from each reward function's rewards when rewards_per_func (N, F) is given
+    (multi_objective_aggregation="normalize_then_sum"). zero_std marks the groups whose rewards are all equal
+    (frac_reward_zero_std), whatever the estimator."""
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"advantage_estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}")
+    fields = {"greedy_rewards": ("greedy_rewards",), "token_stats": ("old_logp", "sum_pi_squared", "mask")}
+    missing = [f for need in ESTIMATOR_NEEDS.get(estimator, ()) for f in fields[need] if getattr(x, f) is None]
+    if missing:
+        raise ValueError(f"advantage_estimator {estimator!r} needs AdvantageInputs' {', '.join(missing)}")
     rewards = x.rewards if x.rewards.is_floating_point() else x.rewards.float()
     zero_std = _all_equal(rewards.view(-1, x.group_size), 1).repeat_interleave(x.group_size)
     if rewards_per_func is not None:

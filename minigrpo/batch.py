@@ -30,7 +30,7 @@ class Batch:
     rows: list  # each completion's dataset row
     tool_mask: torch.Tensor | None = None  # (N, T) 1 = sampled by the policy, 0 = written by a tool; None: no tools
     sampling_logp: torch.Tensor | None = None  # (N, T) the engine's log-probs (vLLM), or None
-    adv: torch.Tensor | None = None  # (N,) advantage
+    adv: torch.Tensor | None = None  # (N,) advantage, or (N, T) per token (the optimal token baseline)
     zero_std: torch.Tensor | None = None  # (N,) True where the group's rewards are all equal
     tool_counts: dict = field(default_factory=dict)  # (N,) tensors: calls, failed, turns (with tools)
     messages: list | None = None  # with tools: each completion as TRL's messages (what reward functions get)
@@ -46,7 +46,7 @@ class Batch:
     # Per-completion tensors that are padded when batches of different widths are stacked: side of the padding.
     PADDED = {"prompt_ids": "left", "prompt_mask": "left", "completion_ids": "right", "completion_mask": "right",
               "tool_mask": "right", "sampling_logp": "right", "loss_mask": "right", "old_logp": "right",
-              "ref_logp": "right"}
+              "ref_logp": "right", "adv": "right"}  # adv: when it is per token
     PER_STEP = ("zero_std_sampled", "sampling_rounds")
 
     @classmethod
@@ -66,6 +66,15 @@ class Batch:
         """(N, T) 1 on the tokens the policy sampled: completion_mask * tool_mask. Every quantity about the policy's
         actions (loss, KL, entropy, clip ratios, lengths) is taken over it; tool tokens stay in the context."""
         return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
+
+    @property
+    def completion_adv(self) -> torch.Tensor:
+        """(N,) one advantage per completion, what the logs show: adv, or a per-token adv's mean over the policy's
+        tokens."""
+        if self.adv.dim() == 1:
+            return self.adv
+        mask = self.policy_mask.to(self.adv.device, self.adv.dtype)
+        return (self.adv * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -110,6 +119,8 @@ class Batch:
 
 
 def _pad_cat(values: list[torch.Tensor], side: str, value) -> torch.Tensor:
+    if values[0].dim() == 1:  # adv of one number per completion: nothing to pad
+        return torch.cat(values)
     width = max(v.shape[1] for v in values)
     pad = lambda v: (width - v.shape[1], 0) if side == "left" else (0, width - v.shape[1])  # noqa: E731
     return torch.cat([F.pad(v, pad(v), value=value) for v in values])

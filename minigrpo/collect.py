@@ -17,6 +17,7 @@ import torch
 from . import advantages, distributed
 from .advantages import gfpo_keep, kl_penalized_rewards
 from .batch import Batch, PromptSampler, ToolSetup
+from .config import ConfigError
 from .engines import sampling_options
 from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards
@@ -29,16 +30,23 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
                  policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None) -> Batch:
     """Sample G completions for each prompt row, score them, and compute their advantages: a Batch.
 
-    policy, ref_model: only for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward.
+    policy, ref_model: for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward, and (policy) for
+    an estimator that reads the sampling policy's token statistics (the optimal token baseline).
     tools: the multi-turn rollout (tools/loop.py) instead of single-turn sampling.
-    With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned.
+    With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned. With ReMax, each
+    prompt's greedy completion is sampled with its group (one more row), scored, and kept only as the baseline.
     on_phase(text): told what is about to take time ("sampling ...", "scoring ..."), e.g. a progress bar's
     postfix; the place where a slow scorer (a reward model) is announced."""
     G = cfg.num_generations
     say = on_phase or (lambda text: None)
-    say(f"sampling {len(prompt_rows) * G} completions")
-    roll = _sample(cfg, engine, prompt_rows, max_len, tools)
+    needs = advantages.ESTIMATOR_NEEDS.get(cfg.advantage_estimator, frozenset())
+    greedy = " and a greedy one per prompt" if "greedy_rewards" in needs else ""  # ReMax's baseline
+    say(f"sampling {len(prompt_rows) * G} completions{greedy}")
+    roll = _sample(cfg, engine, prompt_rows, max_len, tools, with_greedy="greedy_rewards" in needs)
     rows = [r for r in prompt_rows for _ in range(G)]  # one dataset row per completion, grouped like the rollout
+    if "greedy_rewards" in needs:  # rows i*(G+1) .. i*(G+1)+G-1 sampled, row i*(G+1)+G greedy: greedy ones last
+        sampled = torch.arange(len(roll.completions)) % (G + 1) < G
+        roll, rows = roll.select(torch.cat([sampled.nonzero()[:, 0], (~sampled).nonzero()[:, 0]])), rows + prompt_rows
 
     # Score: every reward function gets TRL's arguments — prompts, completions, and every dataset column.
     prompts = [r["prompt"] for r in rows]  # strings, or lists of chat messages
@@ -50,6 +58,11 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     say(f"scoring {len(completions)} completions with {len(reward_funcs)} reward function(s)")
     rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns)
     rewards = combine_rewards(rewards_per_func, unscorable, reward_weights)  # (N,), NaN = unscorable
+    greedy_rewards = None
+    if "greedy_rewards" in needs:
+        N = len(prompt_rows) * G
+        greedy_rewards, rewards, rewards_per_func = rewards[N:], rewards[:N], rewards_per_func[:N]
+        roll, rows = roll.select(torch.arange(N)), rows[:N]
     batch = Batch(roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask, roll.is_truncated,
                   rewards, rewards_per_func, roll.completions, rows, sampling_logp=roll.sampling_logp)
     if tools:
@@ -68,24 +81,65 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
         lengths = batch.policy_mask.sum(-1).cpu()
         batch = batch.select(gfpo_keep(batch.rewards, lengths, G, cfg.num_remains_in_group, cfg.gfpo_filter))
         G = cfg.num_remains_in_group
-
-    # Advantages need the group's rewards (always on this rank) or, for scale_rewards="batch", the whole batch's:
-    # with several processes, gather every rank's rewards, then keep this rank's share.
-    lengths = batch.policy_mask.sum(-1).cpu()  # (N,) the policy's tokens, for the estimators that weigh by length
-    batch_rewards, batch_lengths, batch_per_func = (torch.cat(distributed.gather_objects(x))  # (N * W, ...)
-                                                    for x in (batch.rewards, lengths, batch.rewards_per_func))
-    x = advantages.AdvantageInputs(batch_rewards, G, batch_lengths, cfg.scale_rewards, cfg.std_type, cfg.pass_k)
-    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # GDPO: each reward function normalised alone
-    adv, zero_std = advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
-                                                  rewards_per_func=batch_per_func if gdpo else None)
-    share = slice(distributed.rank() * len(batch), (distributed.rank() + 1) * len(batch))
-    batch.adv, batch.zero_std = adv[share], zero_std[share]
+    token_stats = None
+    if "token_stats" in needs:
+        say("log pi and sum pi^2 of the sampled tokens (the sampling policy, no gradient)")
+        token_stats = _token_stats(cfg, policy, batch)
+    batch.adv, batch.zero_std = _advantages(cfg, batch, G, reward_weights, greedy_rewards, token_stats)
     return batch
 
 
-def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None):
-    """G completions per row's prompt: the engine's single-turn sampling, or the multi-turn rollout with tools."""
+def _advantages(cfg, batch: Batch, G: int, reward_weights, greedy_rewards, token_stats) -> tuple:
+    """(adv, zero_std) of this rank's rows. Advantages need the group's rewards (always on this rank) or, for
+    scale_rewards="batch", the whole batch's: with several processes, gather every rank's rewards (and what the
+    estimator reads besides), then keep this rank's share. adv is (N,), or (N, T) for a per-token estimator."""
+    lengths = batch.policy_mask.sum(-1).cpu()  # (N,) the policy's tokens, for the estimators that weigh by length
+    gathered = [torch.cat(distributed.gather_objects(x)) for x in (batch.rewards, lengths, batch.rewards_per_func)]
+    x = advantages.AdvantageInputs(gathered[0], G, gathered[1], cfg.scale_rewards, cfg.std_type, cfg.pass_k)
+    if greedy_rewards is not None:
+        x.greedy_rewards = torch.cat(distributed.gather_objects(greedy_rewards))  # (P * W,)
+    if token_stats is not None:  # (N, T) each, padded to the widest rank's T
+        x.old_logp, x.sum_pi_squared, x.mask = (_gather_padded(t) for t in (*token_stats, batch.policy_mask.cpu()))
+    gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # GDPO: each reward function normalised alone
+    adv, zero_std = advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
+                                                  rewards_per_func=gathered[2] if gdpo else None)
+    share = slice(distributed.rank() * len(batch), (distributed.rank() + 1) * len(batch))
+    adv = adv[share] if adv.dim() == 1 else adv[share, :batch.completion_ids.shape[1]]
+    return adv, zero_std[share]
+
+
+@torch.no_grad()
+def _token_stats(cfg, policy, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi_old of each sampled token and sum_v pi_old(v)^2 at its position, (N, T) each on the CPU: the policy
+    that sampled, before any update (in eval mode, as the old log-probs of the update are taken)."""
+    if policy is None:
+        raise ValueError(f"advantage_estimator {cfg.advantage_estimator!r} reads the sampling policy: pass policy")
+    was_training = policy.training
+    policy.eval()
+    ids = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    logp, _, sum_pi_squared = completion_logprobs(policy, *ids, temperature=cfg.temperature, top_k=cfg.top_k,
+                                                  top_p=cfg.top_p, share_prompts=cfg.shared_prefix,
+                                                  with_sum_pi_squared=True)
+    policy.train(was_training)
+    return logp.float().cpu(), sum_pi_squared.float().cpu()
+
+
+def _gather_padded(x: torch.Tensor) -> torch.Tensor:
+    """(N, T) tensors of every rank, right-padded with 0 to the widest and stacked in rank order: (N * W, T_max)."""
+    parts = distributed.gather_objects(x)
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None, with_greedy: bool = False):
+    """G completions per row's prompt: the engine's single-turn sampling, or the multi-turn rollout with tools.
+    with_greedy: one more row per prompt, its greedy completion (ReMax's baseline; single-turn engines)."""
     sampling = sampling_options(cfg.temperature, cfg.top_p, cfg.top_k)
+    if with_greedy:
+        if tools is not None:
+            raise ConfigError(f"advantage_estimator: {cfg.advantage_estimator} needs a greedy completion per prompt, "
+                              "which the multi-turn rollout with tools does not sample")
+        sampling["with_greedy"] = True  # an engine that does not know it fails loudly (TypeError), as top_k does
     if tools is None:
         return engine.generate([row["prompt"] for row in rows], num_generations=cfg.num_generations,
                                max_completion_length=max_len, **sampling)

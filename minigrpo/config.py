@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from .advantages import ADVANTAGE_ESTIMATORS
+from .advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS
 from .errors import MinigrpoError
 from .objectives import LOSSES, get_loss
 
@@ -116,7 +116,9 @@ class Config:
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
     std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
     # an entry of advantages.ADVANTAGE_ESTIMATORS: "grpo" (group z-score), "rloo" (leave-one-out), verl's
-    # reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, or pass_at_k (minigrpo)
+    # reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, remax (a greedy completion per prompt
+    # as baseline), optimal_token_baseline and tir_optimal_token_baseline (per token), prime-rl's max_rl, or
+    # pass_at_k (minigrpo)
     advantage_estimator: str = "grpo"
     pass_k: int = 4  # minigrpo: k of advantage_estimator="pass_at_k" (Pass@k Training's analytic advantage)
     # "sum_then_normalize" (GRPO) or "normalize_then_sum" (GDPO: each reward normalised in its group, then summed)
@@ -132,9 +134,11 @@ class Config:
     # --- objective ---
     loss_type: str = "grpo"  # an entry of objectives.LOSSES: grpo, dapo, cispo, ... (TRL's default is "dapo")
     importance_sampling_level: str = "token"  # token, sequence (GSPO), sequence_token (GSPO-token)
-    epsilon: float = 0.2  # PPO clip range: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
+    # PPO clip range: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]; dppo_tv / dppo_kl read epsilon and
+    # epsilon_high as their divergence thresholds instead (verl's clip_ratio_low / clip_ratio_high)
+    epsilon: float = 0.2
     epsilon_high: float | None = None  # None = epsilon; DAPO uses 0.28; cispo: the cap eps_max, None = 5.0 (TRL: epsilon)
-    delta: float | None = None  # two-sided clipping
+    delta: float | None = None  # two-sided clipping (verl's clip_ratio_c); dppo_*: the IS weight's cap, None = 20
     beta: float = 0.0  # KL coefficient; 0 = no reference model at all
     # TR-DPO's reference refresh (TRL): every ref_model_sync_steps steps, pi_ref <- alpha pi_theta + (1 - alpha) pi_ref
     sync_ref_model: bool = False
@@ -156,6 +160,10 @@ class Config:
     clip_cov_ub: float = 5.0  # verl: Clip-Cov's upper bound
     kl_cov_ratio: float = 2e-4  # verl: KL-Cov penalises this fraction of tokens (largest covariance)
     ppo_kl_coef: float = 1.0  # verl: KL-Cov's coefficient on |log rho|
+    dro_beta: float = 0.05  # verl: DRO's penalty beta/2 (log rho)^2 (verl requires it set; 0.05 is its example)
+    # prime-rl: Kimi K2.5's tau (log rho)^2 on every token (kimi, dppo_tv, dppo_kl); None = the loss type's own
+    # (kimi: 1e-3, dppo: 0)
+    kl_tau: float | None = None
     use_bias_correction_kl: bool = False  # KL term times rho, unbiased off-policy (DeepSeek-V3.2); TRL's default: True
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2: drop A < 0 completions whose sampler KL exceeds it
     # TRL: loss - coef * mean entropy of the tokens the loss acts on (0 = off); the entropy's gradient needs full
@@ -334,6 +342,13 @@ class Config:
             raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) normalises each reward in its "
                               "group, then the sum over the batch; use advantage_estimator 'grpo', scale_rewards "
                               "'group', kl_in_reward false")
+        needs = ESTIMATOR_NEEDS.get(self.advantage_estimator, frozenset())
+        if "greedy_rewards" in needs and self.use_vllm:
+            raise ConfigError(f"advantage_estimator: {self.advantage_estimator} decodes each prompt's greedy completion "
+                              "with its group in the policy's own decode loop; not with use_vllm")
+        if "token_stats" in needs and get_loss(self.loss_type).sequence_advantages_only:
+            raise ConfigError(f"advantage_estimator: {self.advantage_estimator} gives one advantage per token; "
+                              f"loss_type {self.loss_type} needs one per completion")
         if self.sync_ref_model:
             self._validate_reference_refresh()
 
@@ -379,7 +394,8 @@ class Config:
                               "above the clip range; verl's dual-clip c)")
         for other in LOSSES.values():
             try:
-                other.make_options({name: getattr(self, name) for name in other.option_names if hasattr(self, name)})
+                other.make_options({name: getattr(self, name) for name in other.option_names
+                                    if getattr(self, name, None) is not None})
             except ValueError as error:
                 raise ConfigError(str(error)) from None
         try:
@@ -389,8 +405,9 @@ class Config:
 
     def policy_loss_options(self) -> dict:
         """The chosen loss type's own options, by name: its Config fields, overridden by loss_options."""
-        names = get_loss(self.loss_type).option_names
-        return {name: getattr(self, name) for name in names if hasattr(self, name)} | (self.loss_options or {})
+        names = get_loss(self.loss_type).option_names  # a field left None: the loss type's own default
+        return ({name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
+                | (self.loss_options or {}))
 
     @property
     def group_size(self) -> int:

@@ -6,7 +6,9 @@ An engine has two methods, and the trainer calls nothing else:
         G completions per prompt, rows grouped (prompt i owns rows i*G .. i*G+G-1), prompts left-padded,
         completions right-padded, completion_mask 1 up to and including the first eos, is_truncated where
         no eos came within max_completion_length, sampled from the policy's own softmax at `temperature`,
-        truncated by `top_k` then `top_p` only (truncation.py; no repetition penalty, no min-p).
+        truncated by `top_k` then `top_p` only (truncation.py; no repetition penalty, no min-p). An engine that
+        can also takes with_greedy=True: one more row per prompt, after its G samples, its greedy completion (the
+        ReMax estimator's baseline; `GenerateEngine` decodes it with the group).
     sync_weights()
         called after the optimizer steps of each batch, before the next `generate`: an engine that holds its
         own copy of the weights (vLLM) must make it equal to the policy's (for LoRA: the adapter alone, the base
@@ -52,10 +54,12 @@ class GenerateEngine:
         self.model, self.tokenizer, self.chat_template_kwargs = model, tokenizer, chat_template_kwargs
 
     def generate(self, prompts, *, num_generations, max_completion_length, temperature=1.0, top_p=1.0,
-                 top_k=0) -> Rollout:
+                 top_k=0, with_greedy: bool = False) -> Rollout:
+        """with_greedy: one more row per prompt, its greedy completion, decoded with the group (ReMax)."""
         return sample_completions(self.model, self.tokenizer, prompts, num_generations=num_generations,
                                   max_completion_length=max_completion_length, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, chat_template_kwargs=self.chat_template_kwargs)
+                                  top_k=top_k, chat_template_kwargs=self.chat_template_kwargs,
+                                  with_greedy=with_greedy)
 
     def continue_from_ids(self, input_ids: list[list[int]], *, max_new_tokens: list[int], temperature: float = 1.0,
                           top_p: float = 1.0, do_sample: bool = True, top_k: int = 0

@@ -33,7 +33,7 @@ def gather_batch(batch, task) -> dict:
     policy's own tokens (tool output left out); with tools, each completion's calls, failed calls and tool turns."""
     correct = [task.grade(c, r) for c, r in zip(batch.completions, batch.rows)]
     mine = {
-        "rewards": batch.rewards.cpu(), "adv": batch.adv.cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
+        "rewards": batch.rewards.cpu(), "adv": batch.completion_adv.cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
         "lengths": batch.policy_mask.sum(1).cpu(), "is_truncated": batch.is_truncated.cpu(),
         "rewards_per_func": batch.rewards_per_func.cpu(), "zero_std_sampled": batch.zero_std_sampled.cpu(),
         "sampling_rounds": torch.tensor([batch.sampling_rounds]),

@@ -46,7 +46,7 @@ from typing import get_type_hints
 import torch
 from tqdm.auto import tqdm
 
-from . import distributed
+from . import advantages, distributed
 from .advantages import group_advantages
 from .batch import PromptSampler
 from .collect import collect_batch
@@ -137,6 +137,8 @@ def _check(cfg: Config, ppo: PPOConfig) -> None:
         if getattr(cfg, key) != default:
             raise ConfigError(f"{key}: not supported by train_ppo (PPO's KL coefficient is PPOConfig.kl_coef)"
                               if key == "beta" else f"{key}: not supported by train_ppo")
+    if advantages.ESTIMATOR_NEEDS.get(cfg.advantage_estimator):  # the logged GRPO-family advantage: rewards only
+        raise ConfigError(f"advantage_estimator: {cfg.advantage_estimator} is not supported by train_ppo")
     if cfg.generation_batch_size % ppo.num_mini_batches:
         raise ConfigError(f"num_mini_batches: {ppo.num_mini_batches} does not divide generation_batch_size="
                           f"{cfg.generation_batch_size}")

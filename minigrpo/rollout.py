@@ -52,6 +52,13 @@ class Rollout:
         """Tokens per completion, eos included (B*G,)."""
         return self.completion_mask.sum(dim=1)
 
+    def select(self, rows: torch.Tensor) -> "Rollout":
+        """The completions at rows (indices), in that order."""
+        pick = lambda x: None if x is None else x[rows.to(x.device)]  # noqa: E731
+        return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids),
+                       pick(self.completion_mask), [self.completions[i] for i in rows.tolist()],
+                       pick(self.is_truncated), pick(self.sampling_logp))
+
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """All ids that end a completion: the model's generation config may list several (chat models do)."""
@@ -99,26 +106,32 @@ def sample_completions(
     do_sample: bool = True,
     chat_template_kwargs: dict | None = None,
     top_k: int = 0,
+    with_greedy: bool = False,
 ) -> Rollout:
     """Generate ``num_generations`` completions per prompt (greedy when ``do_sample=False``) with ``decode``.
 
     Prompts are strings (tokenized with the tokenizer's own special tokens, e.g. bos) or lists of chat
     messages (rendered by the chat template with ``chat_template_kwargs``): see prompts.py.
+    with_greedy: each prompt gets one more row, its greedy completion, decoded with its G samples (the same prompt
+    pass and decode steps): rows i*(G+1) .. i*(G+1)+G-1 sampled, row i*(G+1)+G greedy (ReMax's baseline).
     """
     device = next(model.parameters()).device
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     encoded = _encode(tokenizer, prompts, chat_template_kwargs, pad_id)
+    rows_per_prompt = num_generations + with_greedy
+    greedy_rows = (torch.arange(len(prompts) * rows_per_prompt, device=device) % rows_per_prompt == num_generations
+                   if with_greedy else None)  # (B*(G+1),)
     was_training = model.training
     model.eval()
     completion_ids = decode(
         model, encoded["input_ids"].to(device), encoded["attention_mask"].to(device),
-        num_generations=num_generations, max_new_tokens=max_completion_length, temperature=temperature,
-        top_p=top_p, top_k=top_k, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id,
+        num_generations=rows_per_prompt, max_new_tokens=max_completion_length, temperature=temperature,
+        top_p=top_p, top_k=top_k, do_sample=do_sample, eos_ids=eos_ids, pad_id=pad_id, greedy_rows=greedy_rows,
     ).clone()  # decode runs in inference mode; the loss needs an ordinary tensor (see decode)
     model.train(was_training)
-    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)  # (B*G, P)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
+    prompt_ids = encoded["input_ids"].repeat_interleave(rows_per_prompt, dim=0).to(device)  # (B*G, P)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(rows_per_prompt, dim=0).to(device)
     return _rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos_ids, pad_id)
 
 
@@ -163,10 +176,12 @@ DROP_FINISHED_FRACTION = 0.25
 # clones what decode returns.
 @torch.inference_mode()
 def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, temperature, top_p, do_sample,
-           eos_ids, pad_id, decode_step: str = "auto", top_k: int = 0) -> torch.LongTensor:
+           eos_ids, pad_id, decode_step: str = "auto", top_k: int = 0,
+           greedy_rows: torch.Tensor | None = None) -> torch.LongTensor:
     """The sampling loop, written out. Returns completion ids (B*G, T), pad after each row's first eos.
 
     prompt_ids, prompt_mask: (B, P) distinct prompts, left-padded. Row i*G + g is prompt i's g-th sample.
+    greedy_rows: (B*G,) bool, rows that take the most likely token instead of a sample (ReMax's greedy baseline).
 
     1. Prefill: one forward pass over the B prompts fills the KV cache. The G samples of a prompt share it,
        so the prompt is computed once and its cache (and last logits) repeated G times.
@@ -192,8 +207,10 @@ def decode(model, prompt_ids, prompt_mask, *, num_generations, max_new_tokens, t
     rows = torch.arange(len(logits), device=device)  # which output row each batch row writes to
     finished = torch.zeros(len(logits), dtype=torch.bool, device=device)
     for t in range(max_new_tokens):
-        token = next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                           do_sample=do_sample).masked_fill(finished, pad_id)
+        token = next_token(logits, temperature=temperature, top_p=top_p, top_k=top_k, do_sample=do_sample)
+        if greedy_rows is not None:
+            token = torch.where(greedy_rows[rows], logits.argmax(dim=-1), token)
+        token = token.masked_fill(finished, pad_id)
         out[rows, t] = token
         finished |= torch.isin(token, eos)
         if t == max_new_tokens - 1 or finished.all():

@@ -34,6 +34,7 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
     TRL's messages) and "tool_calls". Rewards that no function could score are null. length: the policy's tokens."""
     records = []
     lengths = batch.policy_mask.sum(1).long().tolist()
+    completion_adv = batch.completion_adv  # a per-token advantage: its mean over the completion's tokens
     for g in range(min(num_groups, len(batch.rows) // group_size)):
         rows = range(g * group_size, (g + 1) * group_size)
         first = batch.rows[rows[0]]
@@ -44,7 +45,7 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
             "text": batch.completions[i],
             "reward": batch.rewards[i].item(),
             "rewards": {name: batch.rewards_per_func[i, j].item() for j, name in enumerate(reward_names)},
-            "advantage": round(batch.adv[i].item(), 6),
+            "advantage": round(completion_adv[i].item(), 6),
             "length": lengths[i],
             "truncated": bool(batch.is_truncated[i]),
             "correct": bool(correct[i]),

@@ -3,8 +3,9 @@
 TRL 1.16 (`GRPOTrainer._compute_loss`, called unbound on a fake trainer as in tests/test_trl_parity.py): luspo,
 vespo (with and without the vLLM sampler weights), off_policy_mask_threshold, top_entropy_quantile,
 entropy_coef and use_bias_correction_kl. verl's core_algos (`pip install --no-deps -r tests/verl-requirements.txt`,
-part of the README's test command): dual-clip (= minigrpo's delta), gpg, clip_cov, kl_cov, and the advantage estimators
-reinforce_plus_plus(_baseline), opo, grpo_passk, gpg and gdpo. Float64, many random batches per case.
+part of the README's test command): dual-clip (= minigrpo's delta), gpg, clip_cov, kl_cov, dppo_tv, dppo_kl, dro, and
+the advantage estimators reinforce_plus_plus(_baseline), opo, grpo_passk, gpg, gdpo, remax, optimal_token_baseline and
+tir_optimal_token_baseline. Float64, many random batches per case.
 """
 
 import math
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 from minigrpo.advantages import (gpg_advantages, grpo_passk_advantages, normalize_then_sum_advantages,
-                                 opo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages)
+                                 opo_advantages, optimal_token_baseline_advantages, reinforce_pp_advantages,
+                                 reinforce_pp_baseline_advantages, remax_advantages)
 from minigrpo.objectives import policy_loss
 
 N_SEEDS = 40
@@ -333,3 +335,121 @@ def test_gdpo_matches_verl_with_one_token_per_completion(core_algos):
         # verl's float32 rewards: compare at float32 precision
         torch.testing.assert_close(mine.float(), verl_adv.squeeze(-1).float(), rtol=1e-4, atol=1e-4,
                                    msg=f"seed={seed}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# verl: DPPO-Binary-TV / -KL and DRO (losses), ReMax and the optimal token baseline (estimators)
+# ---------------------------------------------------------------------------------------------------------
+def _full_rows(batch):
+    """The same batch with every row as long as the longest: no padding at all."""
+    return {**batch, "mask": torch.ones_like(batch["mask"])}
+
+
+# loss_mode: [(its verl fields, minigrpo's kwargs)], several thresholds each; verl reads the divergence thresholds
+# from clip_ratio_low / clip_ratio_high and the truncation cap from clip_ratio_c, minigrpo from epsilon /
+# epsilon_high / delta (None: dppo's default 20, verl's function default).
+NEW_VERL_LOSSES = {
+    "dppo_tv": [(dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=20.0), dict(epsilon=0.2)),
+                (dict(clip_ratio_low=0.15, clip_ratio_high=0.15, clip_ratio_c=20.0), dict(epsilon=0.15, delta=20.0)),
+                (dict(clip_ratio_low=0.05, clip_ratio_high=0.3, clip_ratio_c=3.0),
+                 dict(epsilon=0.05, epsilon_high=0.3, delta=3.0))],
+    "dppo_kl": [(dict(clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=20.0), dict(epsilon=0.05)),
+                (dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=20.0), dict(epsilon=0.2)),
+                (dict(clip_ratio_low=0.01, clip_ratio_high=0.1, clip_ratio_c=2.0),
+                 dict(epsilon=0.01, epsilon_high=0.1, delta=2.0))],
+    "dro": [(dict(dro_beta=0.05), dict(dro_beta=0.05)), (dict(dro_beta=1.0), dict(dro_beta=1.0)),
+            (dict(dro_beta=0.003), dict(dro_beta=0.003))],
+}
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("mode", list(NEW_VERL_LOSSES))
+def test_dppo_and_dro_match_verl(core_algos, mode, padded):
+    verl_loss_fn = core_algos.get_policy_loss_fn(mode)
+    masked = 0.0
+    for setting, (fields, kwargs) in enumerate(NEW_VERL_LOSSES[mode]):
+        policy_fields = {"dro_beta": fields["dro_beta"]} if mode == "dro" else {}
+        config = _VerlConfig(clip_ratio=0.2, clip_ratio_low=fields.get("clip_ratio_low", 0.2),
+                             clip_ratio_high=fields.get("clip_ratio_high", 0.2),
+                             clip_ratio_c=fields.get("clip_ratio_c", 3.0), global_batch_info={},
+                             policy_loss=_VerlConfig(**policy_fields))
+        for seed in range(N_SEEDS):
+            batch = make_batch(seed) if padded else _full_rows(make_batch(seed))
+            mask = batch["mask"]
+            adv_tokens = batch["adv"].unsqueeze(-1).expand_as(mask).contiguous()  # verl's advantages are (B, T)
+            logp = torch.where(mask.bool(), batch["logp"], 0.0).requires_grad_(True)  # verl's padding holds 0
+            old = torch.where(mask.bool(), batch["old_logp"], 0.0)
+            verl_loss, verl_metrics = verl_loss_fn(old, logp, adv_tokens, mask, "token-mean", config)
+            (verl_grad,) = torch.autograd.grad(verl_loss, logp)
+
+            logp_mg = batch["logp"].clone().requires_grad_(True)
+            mg_loss, stats = policy_loss(logp_mg, batch["old_logp"], batch["adv"], mask, loss_type=mode, **kwargs)
+            (mg_grad,) = torch.autograd.grad(mg_loss, logp_mg)
+            where = f"{mode} setting {setting} seed={seed}"
+            torch.testing.assert_close(mg_loss.detach(), verl_loss.detach(), **TOL, msg=lambda m: f"{where}: {m}")
+            torch.testing.assert_close(mg_grad, verl_grad, **TOL, msg=lambda m: f"{where} gradient: {m}")
+            if mode != "dro":
+                masked += stats["clip_ratio/region_mean"] + stats["dppo/truncated_frac"]
+                if (adv_tokens[mask.bool()] != 0).all():  # verl also counts A = 0 tokens; minigrpo, no gradient: no
+                    assert stats["clip_ratio/region_mean"] == pytest.approx(verl_metrics["actor/pg_clipfrac"], abs=1e-9)
+                    assert stats["dppo/truncated_frac"] == pytest.approx(verl_metrics["actor/pg_clipfrac_lower"],
+                                                                         abs=1e-9)
+    assert mode == "dro" or masked > 0, "the random batches never exercised the trust region or the truncation"
+
+
+def _token_stats_batch(seed: int, G: int, holes: bool):
+    """Rewards with no all-equal group unless by chance, ragged lengths, sampling-policy log-probs and sum pi^2 that
+    a distribution could have (sum pi^2 >= pi^2), and with holes a tool mask inside the completions."""
+    rewards, mask, index = _reward_batch(seed, G, values=(0.0, 1.0, 0.5, 2.0, 3.0))
+    g = torch.Generator().manual_seed(1000 + seed)
+    old_logp = -3.0 * torch.rand(mask.shape, generator=g, dtype=DTYPE)
+    pi = old_logp.exp()
+    sum_pi_squared = pi**2 + (1 - pi) ** 2 * torch.rand(mask.shape, generator=g, dtype=DTYPE)
+    if holes:  # tool output: 0 inside a completion, never its first token
+        tool = (torch.rand(mask.shape, generator=g) < 0.3).to(DTYPE)
+        tool[:, 0] = 0
+        mask = mask * (1 - tool)
+    return rewards, mask, index, old_logp, sum_pi_squared
+
+
+def _last_token_rewards(rewards, mask):
+    """verl's token_level_rewards for a completion whose last token may follow tool output: on its last policy token."""
+    positions = torch.arange(1, mask.shape[1] + 1, dtype=DTYPE)
+    last = (mask * positions).argmax(-1)
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(len(rewards)), last] = rewards
+    return token_rewards
+
+
+@pytest.mark.parametrize("holes", [False, True], ids=["contiguous", "tool-mask"])
+@pytest.mark.parametrize("G", [2, 4, 5])
+def test_optimal_token_baseline_matches_verl(core_algos, G, holes):
+    informative_rows = 0
+    for seed in range(N_SEEDS):
+        rewards, mask, index, old_logp, sum_pi_squared = _token_stats_batch(seed, G, holes)
+        token_rewards = _last_token_rewards(rewards, mask)
+        grouped = rewards.view(-1, G)
+        informative = ~(grouped == grouped[:, :1]).all(1).repeat_interleave(G)  # verl leaves residues elsewhere
+        for name, verl_fn, tools_form in (
+                ("optimal_token_baseline", core_algos.compute_optimal_token_baseline_advantage, False),
+                ("tir_optimal_token_baseline", core_algos.compute_multi_turn_optimal_token_baseline_advantage, True)):
+            verl_adv, _ = verl_fn(token_rewards.clone(), mask, index, old_logp, sum_pi_squared)
+            mine = optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask, G,
+                                                     policy_tokens_only=tools_form)
+            where = f"{name} G={G} seed={seed}"
+            torch.testing.assert_close(mine[informative], verl_adv[informative], **TOL, msg=lambda m: f"{where}: {m}")
+            assert (mine[~informative] == 0).all(), where  # no signal, exactly 0
+            assert (mine[mask == 0] == 0).all(), where  # tool output and padding get none
+        informative_rows += int(informative.sum())
+    assert informative_rows > 0
+
+
+@pytest.mark.parametrize("G", [1, 2, 4])
+def test_remax_matches_verl(core_algos, G):
+    for seed in range(N_SEEDS):
+        rewards, mask, index = _reward_batch(seed, G)
+        greedy = torch.tensor((0.0, 1.0, 0.5, 2.0), dtype=DTYPE)[torch.randint(4, (len(rewards) // G,))]
+        verl_adv, _ = core_algos.compute_remax_outcome_advantage(_verl_rewards(rewards, mask), greedy.repeat_interleave(G),
+                                                                 mask)
+        mine = remax_advantages(rewards, greedy, G).unsqueeze(-1) * mask
+        torch.testing.assert_close(mine, verl_adv, **TOL, msg=f"G={G} seed={seed}")

@@ -1,8 +1,8 @@
 """The variants beyond those of tests/test_objectives.py, against cases small enough to compute by hand (the
-arithmetic is in the comments): the losses LUSPO, VESPO, GPG, Clip-Cov, KL-Cov and dual-clip; the off-policy
-mask, top-entropy tokens, the entropy bonus and the bias-corrected KL; the advantage estimators REINFORCE++,
-OPO, GRPO pass@k, pass@k training, GPG and GDPO. Then Config's checks on their fields, and two training steps of
-each.
+arithmetic is in the comments): the losses LUSPO, VESPO, GPG, Clip-Cov, KL-Cov, dual-clip, DPPO-Binary-TV and -KL,
+DRO and Kimi K2.5's; the off-policy mask, top-entropy tokens, the entropy bonus and the bias-corrected KL; the
+advantage estimators REINFORCE++, OPO, GRPO pass@k, pass@k training, GPG, GDPO, MaxRL, ReMax and the optimal token
+baseline, with their degenerate groups. Then Config's checks on their fields, and two training steps of each.
 """
 
 import itertools
@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 
-from minigrpo.advantages import (gpg_advantages, grpo_passk_advantages, normalize_then_sum_advantages,
-                                 opo_advantages, pass_at_k_advantages, reinforce_pp_advantages,
-                                 reinforce_pp_baseline_advantages)
+from minigrpo.advantages import (AdvantageInputs, compute_advantages, gpg_advantages, grpo_passk_advantages,
+                                 maxrl_advantages, normalize_then_sum_advantages, opo_advantages,
+                                 optimal_token_baseline_advantages, pass_at_k_advantages, reinforce_pp_advantages,
+                                 reinforce_pp_baseline_advantages, remax_advantages)
 from minigrpo.config import Config, ConfigError
 from minigrpo.objectives import policy_loss
 from minigrpo.objectives.entropy import high_entropy_mask
@@ -112,6 +113,97 @@ def test_delta_is_dual_clip():
                           loss_type="dapo")
     assert loss.item() == pytest.approx((3.0 + 2.0) / 2)
     assert torch.autograd.grad(loss, logp)[0].tolist() == [[0.0, pytest.approx(2.0 / 2)]]  # d(rho)/dlogp = rho
+
+
+def test_dppo_tv_masks_on_the_probability_change_by_hand():
+    # pi_old = e^-1 = 0.3679 on every token. Row 0 (A = +1): ratios [1.5, 0.9, 1] -> pi = [0.5518, 0.3311, 0.3679],
+    # pi - pi_old = [+0.1839, -0.0368, 0]; with delta_high 0.15 token 0 rose too far: masked. Row 1 (A = -1):
+    # ratio 0.5 -> pi - pi_old = -0.1839 >= -delta_low = -0.2: kept. Kept tokens: -A sg[rho] log pi over 4 tokens.
+    q = math.exp(-1)
+    loss, grad, stats = run(loss_type="dppo_tv", epsilon=0.2, epsilon_high=0.15)
+    assert 1.5 * q - q == pytest.approx(0.1839, abs=1e-4)
+    assert loss == pytest.approx(-(0.9 * LOGP[0, 1] + 1.0 * LOGP[0, 2] - 0.5 * LOGP[1, 0]).item() / 4)
+    assert grad.tolist() == [pytest.approx([0.0, -0.9 / 4, -1.0 / 4]), pytest.approx([0.5 / 4, 0.0, 0.0])]
+    assert (stats["clip_ratio/high_mean"], stats["clip_ratio/low_mean"]) == (pytest.approx(0.25), 0.0)
+    # delta_low 0.15: row 1's probability fell 0.1839 > 0.15 with A < 0: masked too (the low side)
+    loss, grad, stats = run(loss_type="dppo_tv", epsilon=0.15)
+    assert grad[1, 0].item() == 0.0 and stats["clip_ratio/low_mean"] == pytest.approx(0.25)
+    # PPO-clip at the same 0.15 would clip row 0 token 0 by its ratio 1.5 too, but also a rare token whose
+    # probability went from 0.001 to 0.002 (ratio 2, TV change 0.001): DPPO lets that one learn.
+    rare, _ = policy_loss(torch.tensor([[math.log(0.002)]], requires_grad=True), torch.tensor([[math.log(0.001)]]),
+                          torch.tensor([1.0]), torch.ones(1, 1), loss_type="dppo_tv", epsilon=0.15)
+    assert rare.item() == pytest.approx(-2 * math.log(0.002))  # -A sg[rho] log pi, kept, rho = 2
+
+
+def test_dppo_kl_masks_on_a_binary_kl_by_hand():
+    # Binary KL(q || p) = q log(q/p) + (1 - q) log((1 - q)/(1 - p)), q = 0.3679:
+    #   row 0 token 0 (p = 0.5518): 0.3679 (-0.4055) + 0.6321 (0.3439) = 0.0682 > 0.05, rose, A > 0: masked
+    #   row 0 token 1 (p = 0.3311): fell, A > 0: kept whatever its KL (0.0030)
+    #   row 1 token 0 (p = 0.1839): 0.3679 (0.6931) + 0.6321 (-0.2555) = 0.0935 > 0.05, fell, A < 0: masked
+    q = math.exp(-1)
+    kl = lambda p: q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p))  # noqa: E731
+    assert (kl(1.5 * q), kl(0.5 * q)) == (pytest.approx(0.0682, abs=1e-4), pytest.approx(0.0935, abs=1e-4))
+    loss, grad, stats = run(loss_type="dppo_kl", epsilon=0.05)
+    assert loss == pytest.approx(-(0.9 * LOGP[0, 1] + 1.0 * LOGP[0, 2]).item() / 4)
+    assert grad.tolist() == [pytest.approx([0.0, -0.9 / 4, -1.0 / 4]), [0.0, 0.0, 0.0]]
+    assert stats["clip_ratio/region_mean"] == pytest.approx(0.5)
+    # at 0.1 both KLs are inside: every token learns, the loss is CISPO's uncapped -A sg[rho] log pi
+    assert run(loss_type="dppo_kl", epsilon=0.1)[2]["clip_ratio/region_mean"] == 0.0
+
+
+def test_dppo_truncates_the_importance_weight():
+    # pi_old 0.01 -> pi 0.25: rho = 25, A = -1 (a fall is allowed: 0.24 >= -0.2). The weight is min(rho, C):
+    # C = 20 unset (verl's function default), 3 with delta=3 (verl's actor config default). d loss / d log pi = -A w.
+    def grad_of(**kw):
+        logp = torch.tensor([[math.log(0.25)]], requires_grad=True)
+        loss, stats = policy_loss(logp, torch.tensor([[math.log(0.01)]]), torch.tensor([-1.0]), torch.ones(1, 1),
+                                  loss_type="dppo_tv", **kw)
+        return torch.autograd.grad(loss, logp)[0].item(), stats["dppo/truncated_frac"]
+
+    assert grad_of() == (pytest.approx(20.0), 1.0)
+    assert grad_of(delta=3.0) == (pytest.approx(3.0), 1.0)
+    assert grad_of(delta=30.0) == (pytest.approx(25.0), 0.0)
+
+
+def test_dro_is_reinforce_with_a_quadratic_pull_to_pi_old():
+    # -A log pi + beta/2 (log rho)^2 per token, over 4 tokens; d/dlogp = -A + beta log rho.
+    beta = 0.5
+    l = LOG_RATIO.tolist()
+    loss, grad, stats = run(loss_type="dro", dro_beta=beta)
+    quadratic = beta / 2 * (l[0][0] ** 2 + l[0][1] ** 2 + l[1][0] ** 2)
+    assert loss == pytest.approx((-(LOGP[0].sum() - LOGP[1, 0]).item() + quadratic) / 4)
+    assert grad.tolist() == [pytest.approx([(-1 + beta * x) / 4 for x in l[0]]),
+                             pytest.approx([(1 + beta * l[1][0]) / 4, 0.0, 0.0])]
+    # the pull acts where A = 0 too (only the penalty is left), and clips nothing
+    loss, grad, stats = run([0.0, 0.0], loss_type="dro", dro_beta=beta)
+    assert loss == pytest.approx(quadratic / 4) and stats["clip_ratio/region_mean"] == 0.0
+
+
+def test_kimi_clips_whatever_the_advantage_sign_by_hand():
+    # K2.5: -Clip(rho, 0.8, 1.2) A + tau (log rho)^2. A = [-1, +1] puts each clipped token on the side PPO lets
+    # through: row 0 (A < 0) has rho 1.5 > 1.2, row 1 (A > 0) has rho 0.5 < 0.8. GRPO keeps both gradients (its min
+    # picks the unclipped term), K2.5 masks both; only the KL term's 2 tau log rho is left on them.
+    tau = 0.01
+    l = LOG_RATIO.tolist()
+    loss, grad, stats = run([-1.0, 1.0], loss_type="kimi", kl_tau=tau)
+    penalty = tau * (l[0][0] ** 2 + l[0][1] ** 2 + l[1][0] ** 2)
+    assert loss == pytest.approx((1.2 + 0.9 + 1.0 - 0.8 + penalty) / 4)
+    assert grad.tolist() == [pytest.approx([2 * tau * l[0][0] / 4, (0.9 + 2 * tau * l[0][1]) / 4, 1.0 / 4]),
+                             pytest.approx([2 * tau * l[1][0] / 4, 0.0, 0.0])]
+    assert stats["clip_ratio/region_mean"] == pytest.approx(0.5)
+    _, grpo_grad, _ = run([-1.0, 1.0], loss_type="dapo")
+    assert grpo_grad[0, 0].item() == pytest.approx(1.5 / 4) and grpo_grad[1, 0].item() == pytest.approx(-0.5 / 4)
+    # kl_tau unset: prime-rl's 1e-3
+    assert run([-1.0, 1.0], loss_type="kimi")[0] == pytest.approx((1.2 + 0.9 + 1.0 - 0.8 + penalty / 10) / 4)
+
+
+def test_kl_tau_adds_kimis_term_to_dppo():
+    # prime-rl's default loss: DPPO-Binary-TV's gradient plus tau (log rho)^2 on every token, masked ones too.
+    tau, l = 0.1, LOG_RATIO.tolist()
+    plain = run(loss_type="dppo_tv", epsilon=0.2, epsilon_high=0.15)
+    with_term = run(loss_type="dppo_tv", epsilon=0.2, epsilon_high=0.15, kl_tau=tau)
+    assert with_term[0] - plain[0] == pytest.approx(tau * (l[0][0] ** 2 + l[0][1] ** 2 + l[1][0] ** 2) / 4, abs=1e-6)
+    assert (with_term[1] - plain[1])[0, 0].item() == pytest.approx(2 * tau * l[0][0] / 4)  # the masked token
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -272,6 +364,95 @@ def test_normalize_then_sum_gives_no_signal_groups_and_unscorable_rows_zero():
     assert adv[2].item() > 0 > adv[3].item()
 
 
+def test_maxrl_divides_by_the_pass_rate():
+    # [1, 0, 0, 0]: mean 0.25 -> (1 - 0.25) / 0.25 = 3 and -1 (GRPO with the population std: +1.732 / -0.577);
+    # [1, 1, 0, 0]: mean 0.5 -> +-1. A rare success weighs 1/p.
+    adv = maxrl_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0]), 4)
+    assert adv.tolist() == pytest.approx([3, -1, -1, -1, 1, 1, -1, -1])
+    # no signal: all wrong (mean 0), all right, a mean of 0 from rewards of both signs, a lone completion: exactly 0
+    assert maxrl_advantages(torch.tensor([0.0, 0, 0, 0, 1, 1, 1, 1]), 4).tolist() == [0.0] * 8
+    assert maxrl_advantages(torch.tensor([1.0, -1.0]), 2).tolist() == [0.0, 0.0]
+    assert maxrl_advantages(torch.tensor([0.1, 0.1, 0.1]), 3).tolist() == [0.0] * 3  # float mean != 0.1: no residue
+    assert maxrl_advantages(torch.tensor([1.0, 0.0]), 1).tolist() == [0.0, 0.0]
+    # NaN: out of the mean (1/3 over the other three), advantage 0
+    assert maxrl_advantages(torch.tensor([1.0, math.nan, 0.0, 0.0]), 4).tolist() == pytest.approx([2, 0, -1, -1])
+
+
+def test_remax_subtracts_the_greedy_reward():
+    # groups [1, 0, 1, 1] and [0, 0, 0, 0]; greedy rewards [1, 0]: A = r - b
+    rewards = torch.tensor([1.0, 0, 1, 1, 0, 0, 0, 0])
+    assert remax_advantages(rewards, torch.tensor([1.0, 0.0]), 4).tolist() == [0, -1, 0, 0, 0, 0, 0, 0]
+    # an all-equal group still learns when its greedy answer scored otherwise (all four samples wrong, greedy right)
+    assert remax_advantages(rewards, torch.tensor([0.0, 1.0]), 4).tolist() == [1, 0, 1, 1, -1, -1, -1, -1]
+    # one sample per prompt is enough (no group needed); an unscorable greedy answer or sample: 0
+    assert remax_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), 1).tolist() == [1.0, 0.0]
+    assert remax_advantages(torch.tensor([1.0, math.nan]), torch.tensor([math.nan]), 2).tolist() == [0.0, 0.0]
+
+
+def test_optimal_token_baseline_by_hand():
+    # One group of 2, 2 tokens each. Completion 0 was uncertain: pi(o) = 0.5, sum pi^2 = 0.5 -> w = 1 - 1 + 0.5 = 0.5
+    # per token, W = [0.5, 1.0]. Completion 1 was confident: pi(o) = 0.9, sum pi^2 = 0.82 -> w = 0.02, W = [0.02, 0.04].
+    # Rewards [1, 0]: B_t = (1 W0_t + 0 W1_t) / (W0_t + W1_t) = 0.5/0.52 = 1.0/1.04 = 0.9615 at both t.
+    # A = [1 - 0.9615, 0 - 0.9615] = [+0.0385, -0.9615]: the uncertain trajectory sets the baseline. (Dr. GRPO's
+    # mean baseline would give +-0.5.)
+    old_logp = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.9]]))
+    sum_pi_squared = torch.tensor([[0.5, 0.5], [0.82, 0.82]])
+    adv = optimal_token_baseline_advantages(torch.tensor([1.0, 0.0]), old_logp, sum_pi_squared, torch.ones(2, 2), 2)
+    b = 0.5 / 0.52
+    assert adv.tolist() == [pytest.approx([1 - b, 1 - b], abs=1e-6), pytest.approx([-b, -b], abs=1e-6)]
+    # Completion 0 one token longer: at t = 2 it is alone, and its baseline there is 0, not its own return (verl's
+    # zero tail): A = its return, 1.
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    pad = lambda x, v: torch.cat([x, torch.full((2, 1), v)], 1)  # noqa: E731
+    adv = optimal_token_baseline_advantages(torch.tensor([1.0, 0.0]), pad(old_logp, math.log(0.5)),
+                                            pad(sum_pi_squared, 0.5), mask, 2)
+    assert adv[0, 2].item() == 1.0 and adv[1, 2].item() == 0.0 and adv[0, 0].item() == pytest.approx(1 - b, abs=1e-6)
+
+
+def test_optimal_token_baseline_tool_form_counts_policy_tokens():
+    # Completion 0: policy, tool, policy; completion 1: policy, policy, padding. In the tool form t counts policy
+    # tokens, so completion 0's third position is its 2nd token and meets completion 1's 2nd; the plain form meets
+    # nobody there (completion 1 has nothing at position 2). The tool token's own pi and sum pi^2 (nonsense here)
+    # never enter W, and it gets advantage 0 in both forms.
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    old_logp = torch.log(torch.tensor([[0.5, 1e-9, 0.5], [0.9, 0.9, 1.0]]))
+    sum_pi_squared = torch.tensor([[0.5, 1e6, 0.5], [0.82, 0.82, 1.0]])
+    rewards = torch.tensor([1.0, 0.0])
+    tool_form = optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask, 2, policy_tokens_only=True)
+    b = 0.5 / 0.52  # as in the hand case above, both tokens
+    assert tool_form.tolist() == [pytest.approx([1 - b, 0.0, 1 - b], abs=1e-6), pytest.approx([-b, -b, 0.0], abs=1e-6)]
+    # The plain form compares positions: at 1 and 2 each row is alone, its baseline its own return, its advantage 0
+    # (both have 2 policy tokens, so verl's zero tail, which counts tokens, does not apply): the tool form's reason.
+    plain = optimal_token_baseline_advantages(rewards, old_logp, sum_pi_squared, mask, 2)
+    assert plain.tolist() == [pytest.approx([1 - b, 0.0, 0.0], abs=1e-6), pytest.approx([-b, 0.0, 0.0], abs=1e-6)]
+
+
+def test_optimal_token_baseline_degenerate_groups():
+    ones, logp = torch.ones(4, 3), torch.full((4, 3), math.log(0.5))
+    # all-equal rewards: exactly 0 (verl leaves residues of eps / W and gives the longest completion's tail its return)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = optimal_token_baseline_advantages(torch.ones(4), logp, 0.5 * ones, mask, 4)
+    assert (adv == 0).all()
+    # a lone completion (G = 1) has nothing to compare with: 0, as GRPO (verl gives it its return); finite
+    adv = optimal_token_baseline_advantages(torch.tensor([1.0, 0.0]), logp[:2], 0.5 * ones[:2], ones[:2], 1)
+    assert adv.tolist() == [[0.0] * 3, [0.0] * 3]
+    # one non-empty completion among empty ones: verl's rule, no baseline, its return
+    empty = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    adv = optimal_token_baseline_advantages(torch.tensor([1.0, 0.0]), logp[:2], 0.5 * ones[:2], empty, 2)
+    assert adv.tolist() == [[1.0] * 3, [0.0] * 3]
+    # a NaN reward is left out (advantage 0); the others compare among themselves
+    adv = optimal_token_baseline_advantages(torch.tensor([1.0, math.nan, 0.0, 0.0]), logp, 0.5 * ones, ones, 4)
+    assert torch.isfinite(adv).all() and (adv[1] == 0).all() and adv[0, 0] > 0 > adv[2, 0]
+
+
+def test_estimators_that_need_more_than_rewards_say_so():
+    x = AdvantageInputs(torch.tensor([1.0, 0.0]), 2, torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="greedy_rewards"):
+        compute_advantages(x, "remax")
+    with pytest.raises(ValueError, match="old_logp, sum_pi_squared, mask"):
+        compute_advantages(x, "optimal_token_baseline")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Config: these variants' fields and the combinations refused in one line
 # ---------------------------------------------------------------------------------------------------------
@@ -289,6 +470,11 @@ def test_normalize_then_sum_gives_no_signal_groups_and_unscorable_rows_zero():
     (dict(multi_objective_aggregation="normalize_then_sum", advantage_estimator="rloo"), "multi_objective"),
     (dict(multi_objective_aggregation="normalize_then_sum", scale_rewards="none"), "multi_objective"),
     (dict(advantage_estimator="ppo"), "advantage_estimator"),
+    (dict(loss_type="dro", dro_beta=0.0), "dro_beta"),
+    (dict(loss_type="kimi", kl_tau=-1.0), "kl_tau"),
+    (dict(loss_type="dppo_tv", importance_sampling_level="sequence"), "importance_sampling_level"),
+    (dict(advantage_estimator="remax", use_vllm=True), "advantage_estimator: remax"),
+    (dict(advantage_estimator="optimal_token_baseline", loss_type="gmpo"), "one advantage per token"),
 ])
 def test_config_refuses_in_one_line(fields, match):
     with pytest.raises(ConfigError, match=match) as info:
@@ -297,10 +483,14 @@ def test_config_refuses_in_one_line(fields, match):
 
 
 def test_config_accepts_each_variant():
-    for loss_type in ("luspo", "vespo", "gpg", "clip_cov", "kl_cov"):
+    for loss_type in ("luspo", "vespo", "gpg", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl", "dro", "kimi"):
         Config(loss_type=loss_type)
-    for estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "pass_at_k", "gpg"):
+    for estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "pass_at_k", "gpg",
+                      "max_rl", "remax", "optimal_token_baseline", "tir_optimal_token_baseline"):
         Config(advantage_estimator=estimator)
+    # kl_tau left None: each loss type's own default (kimi: prime-rl's 1e-3; dppo: 0, verl's loss)
+    assert "kl_tau" not in Config(loss_type="kimi").policy_loss_options()
+    assert Config(loss_type="dppo_tv", kl_tau=1e-3).policy_loss_options() == {"kl_tau": 1e-3}
     Config(beta=0.04, use_bias_correction_kl=True, off_policy_mask_threshold=0.5, top_entropy_quantile=0.2,
            multi_objective_aggregation="normalize_then_sum", delta=1.5)
 
@@ -356,3 +546,79 @@ def test_variant_trains_two_steps(tmp_path, random_model_dir, overrides, metric)
             assert line[metric] is not None, metric
     if "advantage_estimator" in overrides or "reward_weights" in overrides:
         assert any(a != 0.0 for a in lines[0]["advantages"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The command line: each new loss type and estimator trains two steps, logs its own numbers, checkpoints
+# ---------------------------------------------------------------------------------------------------------
+CLI_RUNS = {  # one new loss type and one new estimator per run, so that four runs cover the eight names
+    "dppo_tv-max_rl": (["--loss-type", "dppo_tv", "--kl-tau", "0.001", "--advantage-estimator", "max_rl",
+                        "--num-iterations", "2"], "dppo/truncated_frac"),
+    "dppo_kl-remax": (["--loss-type", "dppo_kl", "--epsilon", "0.05", "--advantage-estimator", "remax",
+                       "--save-steps", "1"], "dppo/truncated_frac"),
+    "dro-optimal_token_baseline": (["--loss-type", "dro", "--dro-beta", "0.1", "--advantage-estimator",
+                                    "optimal_token_baseline", "--steps-per-generation", "2"], "dro/log_ratio_sq_mean"),
+    "kimi-tir_optimal_token_baseline": (["--loss-type", "kimi", "--scale-rewards", "none", "--advantage-estimator",
+                                         "tir_optimal_token_baseline", "--num-iterations", "2"],
+                                        "kimi/log_ratio_sq_mean"),
+}
+
+
+@pytest.mark.parametrize("name", list(CLI_RUNS))
+def test_new_variant_trains_two_steps_from_the_cli(name, tmp_path, random_model_dir, one_thread):
+    import json
+
+    from minigrpo.cli import main
+
+    flags, metric = CLI_RUNS[name]
+    (tmp_path / "rewards.py").write_text("def alternating(prompts, completions, **row):\n"
+                                         "    return [float(i % 2) for i in range(len(completions))]\n")
+    out = tmp_path / "run"
+    assert main(["train", "--model", str(random_model_dir), "--out", str(out), "--reward-funcs",
+                 f"{tmp_path}/rewards.py:alternating", "--max-steps", "2", "--num-generations", "4",
+                 "--generation-batch-size", "8", "--eval-steps", "0", "--eval-limit", "4", "--eval-num-samples", "0",
+                 "--save-model", "false", "--learning-rate", "1e-3", *flags]) == 0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(line[metric] is not None and line["grad_norm"] > 0 for line in lines)
+    assert any(a != 0.0 for line in lines for a in line["advantages"])
+    for line in lines:
+        assert not any(isinstance(v, float) and math.isnan(v) for v in line.values())
+    records = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(c["advantage"]) for r in records for c in r["completions"])
+    if "--save-steps" in flags:
+        assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step-000001.pt", "step-000002.pt"]
+
+
+def test_remax_greedy_row_is_the_greedy_completion_decoded_with_the_group():
+    # One more row per prompt, after its G samples, in the same decode loop: the same text as decoding greedily alone.
+    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.rollout import sample_completions
+    from minigrpo.tasks import get_task
+
+    task = get_task("think_addition")
+    model, tokenizer = load_model_and_tokenizer(task.model_dir)
+    prompts = [row["prompt"] for row in task.load("test")[:6]]
+    torch.manual_seed(0)
+    together = sample_completions(model, tokenizer, prompts, num_generations=4, max_completion_length=40,
+                                  with_greedy=True)
+    alone = sample_completions(model, tokenizer, prompts, max_completion_length=40, do_sample=False)
+    assert len(together.completions) == 6 * 5
+    assert together.completions[4::5] == alone.completions
+    assert (together.prompt_ids[4::5] == together.prompt_ids[::5]).all()  # the greedy row shares its group's prompt
+
+
+def test_remax_with_tools_is_refused_in_one_line():
+    # The multi-turn rollout samples no greedy completion: refused before anything is sampled.
+    from minigrpo.collect import _sample
+
+    with pytest.raises(ConfigError, match="greedy completion per prompt") as info:
+        _sample(Config(advantage_estimator="remax"), None, [], 8, tools=object(), with_greedy=True)
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_new_option_is_one_line_from_the_cli(capsys):
+    from minigrpo.cli import main
+
+    assert main(["train", "--loss-type", "dro", "--dro-beta", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "minigrpo train: error: dro_beta: must be > 0 (DRO's penalty), got 0.0"]

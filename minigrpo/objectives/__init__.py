@@ -15,6 +15,12 @@
     gpg         A log pi (no ratio, no clip)         sum / number of tokens           gpg.py
     clip_cov    PPO-clip, high-cov tokens cut out    sum / number of tokens           clip_cov.py
     kl_cov      rho A, |log rho| on high-cov tokens  sum / number of tokens           kl_cov.py
+    dppo_tv     sg[min(rho, C)] A log pi, masked     sum / number of tokens           dppo.py
+                where pi - pi_old leaves [-d, d]
+    dppo_kl     the same, masked on a binary KL      sum / number of tokens           dppo.py
+    dro         A log pi - beta/2 (log rho)^2        sum / number of tokens           dro.py
+    kimi        Clip(rho) A - tau (log rho)^2,       sum / number of tokens           kimi.py
+                the clip a mask whatever A's sign
 
     importance_sampling_level   ratio
     -------------------------   ---------------------------------------------------------------
@@ -26,7 +32,8 @@ Options that choose which tokens learn, for every loss type: `off_policy_mask_th
 off-policy sequence mask, off_policy_mask.py), `top_entropy_quantile` (only the high-entropy tokens, entropy.py),
 `token_weights` (the vLLM sampler correction, engine_mismatch.py); and two additions to the loss:
 `entropy_coef` (an entropy bonus, entropy.py) and `beta` (KL to a reference, unbiased with
-`use_bias_correction_kl`). `delta` (two-sided clipping) is verl's dual-clip `clip_ratio_c` (grpo.py).
+`use_bias_correction_kl`). `delta` (two-sided clipping) is verl's dual-clip `clip_ratio_c` (grpo.py); for DPPO it
+is the same option's other use in verl, the cap C of its truncated importance weight (dppo.py).
 
 The pipeline: ratio (per token, or per sequence) -> the loss type's surrogate -> which tokens learn (off-policy
 mask, top-entropy tokens, sampler weights) -> KL to the reference -> the loss type's aggregation -> entropy bonus.
@@ -35,7 +42,7 @@ A loss type registered from outside (`register_loss`, registry.py) goes through 
 
 `policy_loss` equals TRL 1.16's `GRPOTrainer._compute_loss` in value and gradient for every loss_type and option
 TRL has (tests/test_trl_parity.py, tests/test_trl_verl_parity.py), and verl's core_algos for gpg, clip_cov,
-kl_cov and dual-clip (tests/test_trl_verl_parity.py).
+kl_cov, dual-clip, dppo_tv, dppo_kl and dro (tests/test_trl_verl_parity.py).
 """
 
 import importlib
@@ -93,14 +100,16 @@ def policy_loss(
     Args:
         logp:      (B, T) log pi_theta of the completion tokens, with gradient.
         old_logp:  (B, T) log pi_old, the policy that sampled them (no gradient).
-        adv:       (B,) one advantage per completion, or (B, T) per token (process supervision).
+        adv:       (B,) one advantage per completion, or (B, T) per token (process supervision, the optimal token
+                   baseline).
         mask:      (B, T) float, 1 on the tokens the loss acts on (completion tokens the policy sampled), 0 on
                    padding and tool output. Padding positions of the log-prob tensors may hold anything (even
                    -inf): they are zeroed before any arithmetic.
         loss_type: an entry of the table (LOSSES); importance_sampling_level: see the module docstring.
         epsilon, epsilon_high: clip range [1 - epsilon, 1 + epsilon_high]; epsilon_high defaults to the loss
             type's default (cispo: 5.0, its cap eps_max, see cispo.py), else to epsilon.
-        delta:     two-sided clipping: cap on the unclipped ratio (INTELLECT-2; verl's dual-clip); None = off.
+        delta:     two-sided clipping: cap on the unclipped ratio (INTELLECT-2; verl's dual-clip); None = off, or
+                   the loss type's default (dppo: 20, the cap of its truncated importance weight).
         beta, ref_logp, kl_estimator: KL-in-loss, beta * KL(pi || pi_ref) added to every token's loss;
             use_bias_correction_kl weights it by rho (DeepSeek-V3.2's unbiased KL, off_policy_mask.py).
         max_completion_length: L_max, for the "constant" aggregation (dr_grpo).
@@ -128,6 +137,7 @@ def policy_loss(
                   top_entropy_quantile, entropy_coef)
     if epsilon_high is None:
         epsilon_high = epsilon if entry.default_epsilon_high is None else entry.default_epsilon_high
+    delta = (entry.default_delta if delta is None else delta) if entry.takes_delta else None
     mask = mask.to(logp.dtype)
     on_token = mask.bool()
     logp, old_logp = torch.where(on_token, logp, 0.0), torch.where(on_token, old_logp, 0.0)  # (B, T), garbage gone
@@ -141,9 +151,8 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
 
     # 2. The loss type's surrogate: where the variants differ.
-    x = SurrogateInputs(ratio, log_ratio, token_log_ratio, logp, adv, mask, epsilon, epsilon_high,
-                        delta if entry.takes_delta else None, token_weights if entry.folds_token_weights else None,
-                        generator)
+    x = SurrogateInputs(ratio, log_ratio, token_log_ratio, logp, adv, mask, epsilon, epsilon_high, delta,
+                        token_weights if entry.folds_token_weights else None, generator, old_logp)
     surrogate = entry.fn(x, entry.make_options(loss_options))
     stats = dict(surrogate.stats)
 
@@ -169,7 +178,8 @@ def policy_loss(
 
     with torch.no_grad():
         clip_range = surrogate.clip_range
-        stats.update(NO_CLIP_STATS if clip_range is None else clip_stats(ratio, adv, mask, *clip_range))
+        clipped = NO_CLIP_STATS if clip_range is None else clip_stats(ratio, adv, mask, *clip_range)
+        stats.update({key: value for key, value in clipped.items() if key not in surrogate.stats})  # its own win
         stats["ratio_mean"] = masked_mean(ratio, mask).item()
         stats["approx_kl"] = masked_mean(torch.exp(token_log_ratio) - 1 - token_log_ratio, mask).item()
     return loss, stats

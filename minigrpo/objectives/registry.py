@@ -41,12 +41,14 @@ class SurrogateInputs:
     delta: float | None = None  # cap on the unclipped ratio (two-sided clipping), for losses that take it
     token_weights: torch.Tensor | None = None  # only passed to losses that fold it in themselves (vespo)
     generator: torch.Generator | None = None  # for losses that draw at random (clip_cov)
+    old_logp: torch.Tensor | None = None  # (B, T) log pi_old, 0 on padding (DPPO bounds the probability's change)
 
 
 @dataclass
 class Surrogate:
     """A surrogate's output: per-token loss ((B, T), or (B, 1) per sequence), the range its clip diagnostics count
-    against (None: it clips nothing, clip ratios log 0) and its own statistics."""
+    against (None: it clips nothing, clip ratios log 0, unless its own statistics say what it clipped) and its own
+    statistics."""
 
     per_token_loss: torch.Tensor
     clip_range: tuple[float, float] | None = None
@@ -73,6 +75,7 @@ class LossType:
     takes_token_weights: bool = True  # False: refuses token_weights (no per-token loss to weight)
     folds_token_weights: bool = False  # True: fn reads x.token_weights itself; the pipeline does not multiply
     takes_delta: bool = False  # delta (two-sided clipping) caps its ratio: must be > 1 + epsilon_high
+    default_delta: float | None = None  # the cap when delta is unset (dppo: 20, its truncated IS weight); None: off
     sequence_advantages_only: bool = False  # True: adv must be (B,), one per completion
     default_epsilon_high: float | None = None  # None: epsilon_high defaults to epsilon
 
