@@ -486,9 +486,10 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor, group_
 def optimal_token_baseline_advantages(rewards: torch.Tensor, old_logp: torch.Tensor, sum_pi_squared: torch.Tensor,
                                       mask: torch.Tensor, group_size: int, *, policy_tokens_only: bool = False,
                                       handle_zero_tail: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """The optimal token baseline, OTB (arXiv 2602.07078; verl's `optimal_token_baseline` and, with
-    policy_tokens_only, `tir_optimal_token_baseline`): one baseline per token position t of a group, weighted by how
-    much each trajectory's gradient could have moved up to t,
+    """The optimal token baseline, OTB ("The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL", Li et
+    al. 2026, arXiv 2602.07078; verl's `optimal_token_baseline` and, with policy_tokens_only,
+    `tir_optimal_token_baseline`): one baseline per token position t of a group, weighted by how much each
+    trajectory's gradient could have moved up to t,
 
         w_{i,j} = 1 - 2 pi_old(o_{i,j}) + sum_v pi_old(v | o_{i,<j})^2     (the squared norm of the logits' score)
         W_{i,t} = sum_{j <= t} w_{i,j}                                      (cumulative path variance)
@@ -497,9 +498,11 @@ def optimal_token_baseline_advantages(rewards: torch.Tensor, old_logp: torch.Ten
 
     where G_{i,t} is the return from t: r_i at every token, for one outcome reward. Against GRPO: the baseline is
     not one number per group but a weighted mean per position, and it is not divided by a std. Why: the baseline
-    that minimises the gradient's variance weighs each sample's return by its squared score norm; W_t is a cheap
-    proxy for it, so trajectories that were uncertain (pi spread over many tokens) weigh more, confident ones
-    (pi(o) near 1, w near 0) less. The per-token advantage differs along a completion even with one reward.
+    that minimises the gradient's variance weighs each sample's return by its squared gradient norm, and long
+    rollouts make that norm, hence the variance, explode (the paper's "training collapse"). w is the paper's
+    Logit-Gradient Proxy for a token's squared norm, from forward-pass probabilities only: trajectories that were
+    uncertain (pi spread over many tokens) weigh more, confident ones (pi(o) near 1, w near 0) less. The per-token
+    advantage differs along a completion even with one reward. The paper reports group size 4 matching 32.
 
     Conventions (verl's): where one trajectory of the group is not empty, its baseline is 0 (its advantage is its
     return); handle_zero_tail: past the second-longest trajectory the longest is alone, and its baseline there is 0

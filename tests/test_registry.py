@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from minigrpo.advantages import ADVANTAGE_ESTIMATORS, register_advantage
+from minigrpo.advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS, register_advantage
 from minigrpo.config import Config, ConfigError
 from minigrpo.objectives import LOSSES, Surrogate, SurrogateInputs, policy_loss, register_loss
 from minigrpo.trainer import loss_share, train
@@ -33,7 +33,7 @@ def outside_loss():
     register_advantage("sign")(lambda x: torch.sign(x.rewards - x.rewards.view(-1, x.group_size).mean(1)
                                                     .repeat_interleave(x.group_size)))
     yield
-    del LOSSES["scaled_reinforce"], ADVANTAGE_ESTIMATORS["sign"]
+    del LOSSES["scaled_reinforce"], ADVANTAGE_ESTIMATORS["sign"], ESTIMATOR_NEEDS["sign"]
 
 
 def test_registered_loss_goes_through_the_pipeline(outside_loss):
@@ -79,3 +79,11 @@ def test_registered_loss_and_estimator_train(outside_loss, tmp_path, random_mode
     assert len(lines) == 2 and all(line["scaled/scale"] == 2.0 for line in lines)
     assert all(line["grad_norm"] > 0 for line in lines)
     assert sorted(set(lines[0]["advantages"])) == [-1.0, 1.0]  # the sign estimator's values
+
+
+def test_an_estimator_says_what_it_reads_beyond_the_rewards():
+    # needs: what the loop must sample or compute for it (a greedy completion per prompt, the token statistics)
+    with pytest.raises(ValueError, match="needs: value_head is not one of greedy_rewards, token_stats"):
+        register_advantage("critic", needs=("value_head",))
+    assert ESTIMATOR_NEEDS["remax"] == {"greedy_rewards"} and ESTIMATOR_NEEDS["grpo"] == frozenset()
+    assert "critic" not in ADVANTAGE_ESTIMATORS

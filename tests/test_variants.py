@@ -607,6 +607,29 @@ def test_remax_greedy_row_is_the_greedy_completion_decoded_with_the_group():
     assert (together.prompt_ids[4::5] == together.prompt_ids[::5]).all()  # the greedy row shares its group's prompt
 
 
+def test_the_loop_gives_the_token_baseline_the_policys_tokens_only():
+    # collect.py hands the estimator Batch.policy_mask (completion x tool mask): tool output neither enters W nor
+    # gets an advantage, and the (N, T) advantage keeps the batch's width.
+    from minigrpo.batch import Batch
+    from minigrpo.collect import _advantages
+
+    g = torch.Generator().manual_seed(0)
+    N, T, G = 4, 5, 2
+    completion_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]]).float()
+    tool_mask = torch.tensor([[1, 0, 0, 1, 1], [1, 1, 1, 1, 1], [1, 1, 0, 1, 1], [1, 1, 1, 1, 1]]).float()
+    batch = Batch.of_completions(torch.zeros(N, 2, dtype=torch.long), torch.ones(N, 2, dtype=torch.long),
+                                 torch.zeros(N, T, dtype=torch.long), completion_mask, adv=torch.zeros(N),
+                                 tool_mask=tool_mask)
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    old_logp, sum_pi_squared = -torch.rand(N, T, generator=g), torch.rand(N, T, generator=g)
+    cfg = Config(advantage_estimator="tir_optimal_token_baseline", num_generations=G, generation_batch_size=N)
+    adv, zero_std = _advantages(cfg, batch, G, [1.0], None, (old_logp, sum_pi_squared))
+    expected = optimal_token_baseline_advantages(batch.rewards, old_logp, sum_pi_squared, completion_mask * tool_mask,
+                                                 G, policy_tokens_only=True)
+    assert adv.shape == (N, T) and torch.equal(adv, expected) and not zero_std.any()
+    assert (adv[tool_mask == 0] == 0).all() and (adv[completion_mask * tool_mask == 1] != 0).any()
+
+
 def test_remax_with_tools_is_refused_in_one_line():
     # The multi-turn rollout samples no greedy completion: refused before anything is sampled.
     from minigrpo.collect import _sample
