@@ -397,10 +397,12 @@ def test_dppo_and_dro_match_verl(core_algos, mode, padded):
     assert mode == "dro" or masked > 0, "the random batches never exercised the trust region or the truncation"
 
 
-def _token_stats_batch(seed: int, G: int, holes: bool):
-    """Rewards with no all-equal group unless by chance, ragged lengths, sampling-policy log-probs and sum pi^2 that
-    a distribution could have (sum pi^2 >= pi^2), and with holes a tool mask inside the completions."""
+def _token_stats_batch(seed: int, G: int, holes: bool, padded: bool = True):
+    """Rewards with no all-equal group unless by chance, ragged lengths (padded) or all full, sampling-policy
+    log-probs and sum pi^2 that a distribution could have (sum pi^2 >= pi^2), and with holes a tool mask inside the
+    completions."""
     rewards, mask, index = _reward_batch(seed, G, values=(0.0, 1.0, 0.5, 2.0, 3.0))
+    mask = mask if padded else torch.ones_like(mask)
     g = torch.Generator().manual_seed(1000 + seed)
     old_logp = -3.0 * torch.rand(mask.shape, generator=g, dtype=DTYPE)
     pi = old_logp.exp()
@@ -421,12 +423,13 @@ def _last_token_rewards(rewards, mask):
     return token_rewards
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("holes", [False, True], ids=["contiguous", "tool-mask"])
 @pytest.mark.parametrize("G", [2, 4, 5])
-def test_optimal_token_baseline_matches_verl(core_algos, G, holes):
+def test_optimal_token_baseline_matches_verl(core_algos, G, holes, padded):
     informative_rows = 0
     for seed in range(N_SEEDS):
-        rewards, mask, index, old_logp, sum_pi_squared = _token_stats_batch(seed, G, holes)
+        rewards, mask, index, old_logp, sum_pi_squared = _token_stats_batch(seed, G, holes, padded)
         token_rewards = _last_token_rewards(rewards, mask)
         grouped = rewards.view(-1, G)
         informative = ~(grouped == grouped[:, :1]).all(1).repeat_interleave(G)  # verl leaves residues elsewhere

@@ -5,13 +5,14 @@ K responses per prompt x come from the previous policy pi_old; K2.5 maximises, w
 
     L_RL = E_x [ 1/N sum_j sum_i  Clip(rho_{j,i}, alpha, beta) (r(x, y_j) - mean_r(x))  -  tau (log rho_{j,i})^2 ]
 
-Two lines differ from GRPO's, and the paper says why:
+Two lines differ from GRPO's:
 
   * Clip is a gradient mask, applied "regardless of the sign of the advantages": a token whose ratio left
     [alpha, beta] gets no gradient at all. PPO's min() only stops the side where the update would go on (rho above
     1 + eps with A > 0, below 1 - eps with A < 0) and lets a token pulled back toward pi_old keep its gradient.
-    K2.5 bounds "off-policy drift" itself: with training and inference engines that disagree, tokens far from the
-    sampler are noise either way. In code that is torch.clamp: value clip(rho), gradient 1 inside, 0 outside.
+    The report's reason: to bound the off-policy drift "amplified by discrepancies between training and inference
+    frameworks", which it found essential for long multi-step tool use. In code that is torch.clamp: value
+    clip(rho), gradient 1 inside, 0 outside.
   * The KL term tau (log rho)^2 pulls every token's log-ratio back to 0, clipped or not: a quadratic trust region
     on the log-ratio. It is 2 tau times the k2 estimator of KL(pi_theta || pi_old) (kl.py). Kimi k1.5 (arXiv
     2501.12599, sec. 2.3.2) derived the same quadratic from online mirror descent, per sequence and halved: its
