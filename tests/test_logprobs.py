@@ -187,6 +187,47 @@ def test_the_log_prob_pass_adds_under_a_quarter_of_a_logits_copy_to_its_body():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The pass's matrix-multiply FLOPs (torch's FlopCounterMode, exact): what keeps it fast, asserted where a
+# timing cannot be. minigrpo bench-logprobs prints the same counts beside its timings.
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("frozen_head", [True, False], ids=["frozen-head", "trained-head"])
+@pytest.mark.parametrize("options", [{}, dict(with_entropy=True), dict(top_k=5)], ids=["logp", "entropy", "top_k"])
+def test_the_head_does_two_vocabulary_products_per_token_frozen_and_four_trained(frozen_head, options):
+    # Each is (n x H) @ (H x V) = 2 n H V FLOPs. Forward: the logits, and E_p[w] = softmax @ W for the hidden
+    # states' gradient. Backward, only when the head is trained: the logits again (nothing block-sized is kept)
+    # and the head's gradient. The plain path does 2 / 3 (it keeps every logit instead).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    N, H, V = 40, 16, 300
+    hidden = torch.randn(N, H, requires_grad=True)
+    weight = torch.randn(V, H).requires_grad_(not frozen_head)
+    with FlopCounterMode(display=False) as counter:
+        logp, _ = head_logprobs(hidden, weight, torch.randint(0, V, (N,)), block_tokens=7, **options)
+        logp.sum().backward()
+    assert counter.get_total_flops() == (2 if frozen_head else 4) * 2 * N * H * V
+
+
+def test_the_shared_prefix_runs_each_prompt_through_the_body_once():
+    # The decoder's linear layers cost 2 x their weights per token: U prompts + B completions with the shared
+    # prefix, B x (prompt + completion) without. (Attention's own products are not among torch's counted ops.)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    decoder_config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1)
+    decoder = LlamaForCausalLM(decoder_config).get_decoder()
+    U, G, P, T = 2, 3, 10, 6
+    prompt_ids = torch.randint(3, 97, (U, P)).repeat_interleave(G, dim=0)  # (B, P), B = U x G
+    completion_ids = torch.randint(3, 97, (U * G, T))  # (B, T), no padding
+    linear_weights = sum(m.weight.numel() for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+    for share_prompts, tokens in ((True, U * P + U * G * T), (False, U * G * (P + T))):
+        with FlopCounterMode(display=False) as counter:
+            completion_hidden_states(decoder, decoder_config, prompt_ids, torch.ones_like(prompt_ids),
+                                     completion_ids, torch.ones_like(completion_ids), share_prompts=share_prompts)
+        assert counter.get_total_flops() == 2 * linear_weights * tokens
+
+
+# ---------------------------------------------------------------------------------------------------------
 # completion_logprobs against an independent plain forward, with gradients, on real model classes
 # ---------------------------------------------------------------------------------------------------------
 def sampled_batch(vocab_size, G=3, prompts=2, P=6, T=9, seed=0):
