@@ -78,6 +78,11 @@ def test_committed_notebook_has_full_mode_outputs(path):
 # here until the prose says what the output says. Not every number is listed: the ones a conclusion rests on.
 QUOTES = [
     ("01_group_advantages", "(0.188 at $G = 8$ above)", ["frac_reward_zero_std = 0.188"]),
+    ("01_group_advantages", "get $\\pm 0.697$, nearly the $\\pm 0.707$ of two scored 0 and 1",
+     ["GRPO -0.697 / +0.697", "GRPO -0.707 / +0.707"]),
+    ("01_group_advantages", "where Dr. GRPO gives them $\\pm 0.005$",
+     ["Dr. GRPO -0.005 / +0.005", "Dr. GRPO -0.500 / +0.500"]),
+    ("02_objectives", "push is $-0.500$ under `grpo` and $-0.800$ under `dapo`, the short right answer's $+0.500$ and", ["total per completion [-0.500, +0.500]", "total per completion [-0.800, +0.200]"]),
     ("02_objectives", "(0.0681 against k3's 0.0709)", ["std per sample 0.0681", "std per sample 0.0709"]),
     ("02_objectives", "k3's is the lower one (0.025 against 0.029)", ["+0.0016 ( 0.029) +0.0000 ( 0.025)"]),
     ("03_train_grpo", "(0.69 of 1.84 s per step in the shipped run, steps 2–40, section 5)",
