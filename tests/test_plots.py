@@ -147,6 +147,15 @@ def test_critic_plot_draws_reward_and_prediction_left_and_two_errors_right():
     assert "a: critic V(s_0)" in [t.get_text() for t in lag_ax.get_legend().get_texts()]
 
 
+
+def test_critic_plot_with_the_group_size_draws_the_leave_one_out_error():
+    # r_i - mean of the others = G/(G-1) (r_i - group mean): the fair baseline's squared error is (G/(G-1))^2 times.
+    from minigrpo.lab.plots import plot_critic
+
+    _, err_ax = plot_critic({"a": PPO_METRICS}, window=1, group_size=8)
+    assert all(math.isclose(y, 0.12 * (8 / 7) ** 2) for y in err_ax.lines[1].get_ydata())
+    assert "leave-one-out" in err_ax.lines[1].get_label()
+
 def test_advantage_variance_draws_one_line_per_estimator_from_zero(tmp_path):
     import json
 

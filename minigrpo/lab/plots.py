@@ -377,7 +377,7 @@ def plot_runs(run_dirs: list[str | Path], out_dir: str | Path, *, window: int = 
 
 
 # ---- PPO's critic, for notebook 06 (metric names of ppo_trainer.train_ppo) -------------------------------------
-def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
+def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3, group_size: int | None = None):
     """The critic of one or more PPO runs, as two panels (one colour per run):
 
     left, "does the critic keep up?": the batch's mean reward (solid) and the critic's mean prediction of it,
@@ -385,6 +385,10 @@ def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
     a critic lagging a policy that improves. Right, its error: mean squared error of V(s_0) against each
     completion's reward (solid), and that of GRPO's baseline on the same batch, each completion's group mean
     (dotted; `adv_var/grpo_unscaled`). Neither can go below the rewards' own noise within a prompt.
+
+    group_size: G of the runs' groups. Given, the group mean's error is drawn as the leave-one-out mean's (RLOO's,
+    the fair comparison: a baseline that does not contain the completion's own reward), which is exactly
+    (G / (G - 1))^2 times it, since r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_j r_j).
     """
     axes = axes if axes is not None else plt.subplots(1, 2, figsize=(13, 3.8))[1]
     lag_ax, err_ax = axes
@@ -394,6 +398,9 @@ def plot_critic(runs: dict[str, list[dict]], *, axes=None, window: int = 3):
                                      (err_ax, "value/v0_mse", "-", "critic V(s_0)"),
                                      (err_ax, "adv_var/grpo_unscaled", ":", "group mean (GRPO's baseline)")):
             xs, values = _series(metrics, key)
+            if xs and key == "adv_var/grpo_unscaled" and group_size:
+                values = [v * (group_size / (group_size - 1)) ** 2 for v in values]
+                part = "leave-one-out group mean (RLOO)"
             if xs:
                 ax.plot(xs, smooth(values, window), style, color=f"C{i}", label=f"{label}: {part}" if label else part)
     _label(lag_ax, "step", "reward (0 = wrong, 1 = right)", "does the critic keep up? mean reward vs its prediction V(s_0)")
