@@ -254,6 +254,10 @@ def cmd_bench(argv: list[str]) -> int:
     from .lab.bench import main as bench, parse_args
 
     args = parse_args(argv)
+    if args.reward_model:
+        from .lab.bench_reward_model import main as against_trl_scoring
+
+        return against_trl_scoring(args)
     if args.against == "vllm":
         from .lab.bench_vllm import main as against_vllm
 
