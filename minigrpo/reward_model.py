@@ -35,7 +35,7 @@ from .logprobs import length_chunks
 from .prompts import is_conversational
 from .rewards import RewardError
 
-__all__ = ["RewardModel", "load_reward_model", "is_reward_model"]
+__all__ = ["RewardModel", "load_reward_model", "is_reward_model", "reward_texts", "sequence_scores"]
 
 
 class RewardModel:
@@ -49,7 +49,7 @@ class RewardModel:
 
     def __init__(self, model, tokenizer, *, chat_template_kwargs: dict | None = None, name: str | None = None):
         check_reward_model(model, tokenizer, name or "reward model")
-        self.model = model.eval().requires_grad_(False)
+        self.model = model.eval()  # scored in inference mode: no gradient, whatever its parameters ask
         self.tokenizer = tokenizer
         model.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # how the model finds the last token
         self.chat_template_kwargs = chat_template_kwargs or {}
@@ -57,23 +57,13 @@ class RewardModel:
         self.warned_nan = False
 
     def texts(self, prompts: list, completions: list) -> list[str]:
-        """What the model reads: prompt + completion, or the conversation through the tokenizer's chat template."""
-        if not is_conversational(prompts[0]):
-            return [p + c for p, c in zip(prompts, completions, strict=True)]
-        return [self.tokenizer.apply_chat_template(p + c, tokenize=False, **self.chat_template_kwargs)
-                for p, c in zip(prompts, completions, strict=True)]
+        return reward_texts(self.tokenizer, prompts, completions, self.chat_template_kwargs)
 
     @torch.inference_mode()  # as TRL: no autograd bookkeeping at all (the scores leave as floats)
     def score(self, texts: list[str]) -> torch.Tensor:
-        """(N,) float32 scores of whole texts, in chunks of similar length, each right-padded to its longest."""
-        device = next(self.model.parameters()).device
+        """(N,) float32 scores of whole texts, on the CPU."""
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        scores = torch.empty(len(texts))
-        for rows in length_chunks([0] * len(ids), [len(row) for row in ids]):
-            inputs = self.tokenizer.pad({"input_ids": [ids[i] for i in rows]}, padding_side="right",
-                                        return_tensors="pt").to(device)
-            scores[rows] = self.model(**inputs).logits[:, 0].float().cpu()  # (b,)
-        return scores
+        return sequence_scores(self.model, self.tokenizer, ids).float().cpu()
 
     def __call__(self, prompts, completions, **row) -> list[float]:
         scores = self.score(self.texts(prompts, completions))
@@ -83,6 +73,26 @@ class RewardModel:
                           f"completions NaN: each is unscorable (advantage 0, counted in frac_reward_nan)",
                           stacklevel=2)
         return scores.tolist()
+
+
+def reward_texts(tokenizer, prompts: list, completions: list, chat_template_kwargs: dict | None = None) -> list[str]:
+    """What a reward model reads (TRL's): prompt + completion, or the conversation through the chat template."""
+    if not is_conversational(prompts[0]):
+        return [p + c for p, c in zip(prompts, completions, strict=True)]
+    return [tokenizer.apply_chat_template(p + c, tokenize=False, **(chat_template_kwargs or {}))
+            for p, c in zip(prompts, completions, strict=True)]
+
+
+def sequence_scores(model, tokenizer, ids: list[list[int]]) -> torch.Tensor:
+    """(N,) the model's score of each token sequence (its logits[:, 0]), with the gradient when one is being taken:
+    rows of similar length go through together, each chunk right-padded to its own longest (see the docstring)."""
+    device = next(model.parameters()).device
+    chunks = length_chunks([0] * len(ids), [len(row) for row in ids])
+    pad = lambda rows: tokenizer.pad({"input_ids": [ids[i] for i in rows]}, padding_side="right",  # noqa: E731
+                                     return_tensors="pt").to(device)
+    scores = torch.cat([model(**pad(rows)).logits[:, 0] for rows in chunks])  # (N,) chunk by chunk
+    order = torch.tensor([i for rows in chunks for i in rows], device=scores.device)
+    return scores[order.argsort()]  # back in the rows' order
 
 
 def is_reward_model(entry) -> bool:
