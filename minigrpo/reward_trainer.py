@@ -48,7 +48,7 @@ from .tasks import get_task
 from .tasks.sources import read_dataset
 
 __all__ = ["RewardConfig", "RewardObjective", "REWARD_OBJECTIVES", "train_reward_model", "sample_labelled",
-           "labelled_pairs", "evaluate_reward_model", "save_reward_model"]
+           "labelled_pairs", "evaluate_reward_model", "save_reward_model", "epoch_batches"]
 
 
 @dataclass
@@ -231,8 +231,8 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
                                           [p for p in model.parameters() if p.requires_grad])
     judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
     out, log, t_start = _output_dir(cfg, reward_cfg), [], time.perf_counter()
-    for step, batch in enumerate(_batches(examples, batch_size, num_steps, cfg.seed), start=1):
-        t0 = time.perf_counter()
+    for step, rows in enumerate(epoch_batches(len(examples), batch_size, num_steps, cfg.seed), start=1):
+        t0, batch = time.perf_counter(), [examples[i] for i in rows]
         model.train()
         scores = objective.scores(model, tokenizer, [ids for e in batch for ids in e["ids"]])
         loss, stats = objective.loss(scores.float(), batch, reward_cfg)
@@ -278,17 +278,17 @@ def load_rows(cfg: Config, reward_cfg: RewardConfig, device) -> tuple[list[dict]
     return (labelled_pairs(train, cfg.seed) if reward_cfg.loss == "bradley_terry" else train), held_out
 
 
-def _batches(examples: list[dict], batch_size: int, num_steps: int, seed: int):
-    """num_steps mini-batches: the examples shuffled each epoch (seeded), cut in batch_size pieces."""
-    rng, order, step = random.Random(seed), [], 0
-    while step < num_steps:
-        if len(order) < batch_size:
-            fresh = list(range(len(examples)))
+def epoch_batches(num_rows: int, batch_size: int, num_steps: int, seed: int):
+    """num_steps mini-batches of row indices: the rows shuffled each epoch (seeded), cut in batch_size pieces (a
+    batch that would run past an epoch's end is completed from the next epoch's shuffle)."""
+    rng, order = random.Random(seed), []
+    for _ in range(num_steps):
+        while len(order) < min(batch_size, num_rows) or not order:
+            fresh = list(range(num_rows))
             rng.shuffle(fresh)
             order += fresh
         batch, order = order[:batch_size], order[batch_size:]
-        step += 1
-        yield [examples[i] for i in batch]
+        yield batch
 
 
 def _output_dir(cfg: Config, reward_cfg: RewardConfig) -> Path:

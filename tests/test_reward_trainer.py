@@ -114,3 +114,36 @@ def test_rows_of_the_wrong_kind_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="bce trains on labelled rows"):
         train_reward_model(Config(output_dir=str(tmp_path)), RewardConfig(loss="bce"),
                            train_rows=[{"prompt": "1+1=", "chosen": "2", "rejected": "3"}], progress=False)
+
+
+# ---- DPO on the same pairs ------------------------------------------------------------------------------------
+def test_dpo_trains_on_the_pairs_starting_from_log_2(labelled, tmp_path):
+    from minigrpo.dpo_trainer import DPOConfig, train_dpo
+
+    pairs = labelled_pairs(labelled[0])
+    cfg = Config(output_dir=str(tmp_path / "dpo"), learning_rate=1e-4, eval_steps=0, eval_limit=8, save_model=False)
+    summary = train_dpo(cfg, pairs, DPOConfig(beta=0.1, per_device_train_batch_size=4, num_train_epochs=2),
+                        progress=False)
+    metrics = [json.loads(line) for line in (tmp_path / "dpo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == summary["steps"] == 2 * -(-len(pairs) // 4) >= 2
+    # Step 1: the policy is its own reference, every implicit reward 0, so the loss is -log sigmoid(0) = log 2.
+    assert metrics[0]["loss"] == pytest.approx(0.693147, abs=1e-5) and metrics[0]["rewards/margins"] == 0.0
+    assert metrics[-1]["rewards/margins"] > 0  # then the chosen pull away from the rejected
+    assert summary["algorithm"] == "dpo" and 0 <= summary["accuracy_after"] <= 1
+
+
+def test_dpo_reads_a_completion_as_the_ids_the_policy_sampled():
+    """Text + eos, after the prompt as GRPO encodes it: the ids a rollout holds, so DPO and GRPO train the same ids."""
+    from minigrpo.dpo_trainer import encode_pairs
+    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.rollout import sample_completions
+
+    model, tokenizer = load_model_and_tokenizer(TASK.model_dir)
+    torch.manual_seed(1)
+    roll = sample_completions(model, tokenizer, ["38+85=", "3471+586="], num_generations=2, max_completion_length=48)
+    ended = [i for i in range(4) if not roll.is_truncated[i]]
+    sampled = [roll.completion_ids[i][roll.completion_mask[i].bool()].tolist() for i in ended]
+    encoded = encode_pairs(tokenizer, [{"prompt": "38+85=", "chosen": roll.completions[i], "rejected": "1"}
+                                       for i in ended])
+    assert [e["chosen_ids"] for e in encoded] == sampled
+    assert encoded[0]["prompt_ids"] == roll.prompt_ids[0][roll.prompt_mask[0].bool()].tolist()
