@@ -192,3 +192,33 @@ def test_right_is_paired_with_wrong_and_every_sample_used():
     assert {p["chosen"] for p in pairs} == {"a", "e"} and {p["rejected"] for p in pairs} == {"b", "c", "d"}
     assert all(p["prompt"] == "p" for p in pairs)
     assert pair_right_with_wrong("p", completions, [True] * 5, random.Random(0)) == []
+
+
+# ---- over-optimization ----------------------------------------------------------------------------------------
+def test_best_of_n_by_hand_and_against_brute_force():
+    from itertools import combinations
+
+    from minigrpo.preference import best_of_n, kl_best_of_n
+
+    proxy = torch.tensor([[0.1, 0.9, 0.5, 0.3]])
+    gold = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    assert best_of_n(proxy, gold, 1) == pytest.approx(0.5)  # n = 1: the plain mean
+    assert best_of_n(proxy, gold, 4) == pytest.approx(0.0)  # n = m: the proxy's favourite, which is wrong
+    # n = 2: of the 6 pairs, the proxy's pick is right in (0.1, 0.5), (0.5, 0.3), and wrong in the other 4
+    assert best_of_n(proxy, gold, 2) == pytest.approx(2 / 6)
+    g = torch.Generator().manual_seed(0)
+    proxy, gold = torch.rand(3, 7, generator=g), torch.rand(3, 7, generator=g)
+    for n in (2, 3, 5):
+        brute = torch.tensor([[gold[p, max(s, key=lambda j: proxy[p, j])].item() for s in combinations(range(7), n)]
+                              for p in range(3)]).mean().item()
+        assert best_of_n(proxy, gold, n) == pytest.approx(brute)
+    assert kl_best_of_n(1) == 0 and kl_best_of_n(64) == pytest.approx(math.log(64) - 63 / 64)
+
+
+def test_gao_forms_are_recovered_from_their_own_curves():
+    from minigrpo.preference import fit_gao
+
+    d = torch.linspace(0.2, 3.0, 12)
+    assert fit_gao(d, d * (0.42 - 0.27 * d), "bon") == pytest.approx({"alpha": 0.42, "beta": 0.27, "r2": 1.0})
+    assert fit_gao(d, d * (0.3 - 0.2 * d.log()), "rl") == pytest.approx({"alpha": 0.3, "beta": 0.2, "r2": 1.0})
+    assert fit_gao(d, torch.rand(12, generator=torch.Generator().manual_seed(0)), "bon")["r2"] < 0.9

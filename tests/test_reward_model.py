@@ -140,3 +140,18 @@ def test_memory_counts_the_reward_model(reward_model_dir):
     model_dir = str(shape_dir("tiny", "unused"))
     with_rm, without = (measure_setup("grpo-lora", model_dir, reward_model=rm, **step) for rm in (True, False))
     assert with_rm["total_params"] == without["total_params"] + rm_params  # the same shape's body, a scalar head
+
+
+def test_an_ensemble_scores_each_completion_by_its_members_minimum(reward_model_dir):
+    from minigrpo.reward_model import RewardEnsemble
+
+    first, second = load_reward_model(reward_model_dir), load_reward_model(reward_model_dir)
+    with torch.no_grad():
+        second.model.score.weight.neg_()  # a member that disagrees
+    a, b = torch.tensor(first(PROMPTS, COMPLETIONS)), torch.tensor(second(PROMPTS, COMPLETIONS))
+    ensemble = RewardEnsemble([first, second], name="rm")
+    assert ensemble(PROMPTS, COMPLETIONS) == pytest.approx(torch.minimum(a, b).tolist())
+    assert RewardEnsemble([first, second], reduce="mean")(PROMPTS, COMPLETIONS) == pytest.approx(((a + b) / 2).tolist())
+    assert ensemble.learned and ensemble.__name__ == "rm"
+    with pytest.raises(RewardError, match="reduce must be 'min' or 'mean'"):
+        RewardEnsemble([first], reduce="max")
