@@ -26,7 +26,7 @@ from .logprobs import completion_logprobs
 from .models import resolve_device
 from .preference import dpo_loss, preference_pair
 from .prompts import encode_prompts, left_pad
-from .reward_trainer import epoch_batches
+from .reward_trainer import UNSUPPORTED, epoch_batches
 from .rewards import completion_text
 from .run import evaluator, finish_run, load_run, make_optimizer, write_config
 
@@ -82,6 +82,9 @@ def train_dpo(cfg: Config, pairs: list[dict], dpo: DPOConfig | None = None, *, p
     dpo = dpo or DPOConfig()
     if distributed.launched_processes() > 1 or cfg.load_in_4bit:
         raise ConfigError("train_dpo: one process, full weights or LoRA")
+    for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
+        if getattr(cfg, key) != default:
+            raise ConfigError(f"{key}: not supported by train_dpo")
     run = load_run(cfg, resolve_device(cfg.device))  # seeded: the task, the policy, the test rows, the output folder
     model, tokenizer = run.model, run.tokenizer
     encoded = encode_pairs(tokenizer, pairs, cfg.chat_template_kwargs)

@@ -51,6 +51,10 @@ __all__ = ["RewardConfig", "RewardObjective", "REWARD_OBJECTIVES", "train_reward
            "labelled_pairs", "evaluate_reward_model", "save_reward_model", "epoch_batches"]
 
 
+# Config settings the reward-model and DPO loops do not honour (no sampling engine, no checkpoints, one process)
+UNSUPPORTED = {"use_vllm": False, "fsdp": "", "resume_from_checkpoint": None, "save_steps": 0, "report_to": None}
+
+
 @dataclass
 class RewardConfig:
     """What training a reward model adds to the run's Config, with TRL's RewardConfig names where it has them."""
@@ -100,7 +104,8 @@ class RewardObjective:
 
 def _pair_example(row: dict) -> dict:
     pair = preference_pair(row)
-    return {"prompts": [pair["prompt"]] * 2, "completions": [pair["chosen"], pair["rejected"]], "margin": pair["margin"]}
+    return {"prompts": [pair["prompt"]] * 2, "completions": [pair["chosen"], pair["rejected"]],
+            "margin": pair["margin"]}
 
 
 def _pair_loss(scores: torch.Tensor, examples: list[dict], reward_cfg: RewardConfig):
@@ -215,6 +220,9 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     reward_cfg = reward_cfg or RewardConfig()
     if distributed.launched_processes() > 1:
         raise ConfigError("train_reward_model: one process only")
+    for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
+        if getattr(cfg, key) != default:
+            raise ConfigError(f"{key}: not supported by train_reward_model")
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     if train_rows is None:

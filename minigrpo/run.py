@@ -47,9 +47,10 @@ from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, t
 from .user_code import callable_name
 
 __all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
-           "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator", "eval_due",
-           "vllm_correction", "run_summary", "finish_run", "tool_setup", "claim_output_dir", "record_inputs", "run_rows",
-           "evaluate_on_main", "checkpoint_due", "save_step_checkpoint", "stopped_line", "say", "RUN_FILES"]
+           "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator",
+           "eval_due", "vllm_correction", "run_summary", "finish_run", "tool_setup", "claim_output_dir",
+           "record_inputs", "run_rows", "evaluate_on_main", "checkpoint_due", "save_step_checkpoint", "stopped_line",
+           "say", "RUN_FILES"]
 
 
 @dataclass

@@ -24,7 +24,8 @@ What this loop simplifies, on purpose:
     same model with its adapter switched off (models.py), so it costs no memory.
   * With a learned reward (reward_model.py, judge.py) the drift from the start, KL(pi || pi_init) per completion
     and d = sqrt(KL), is logged each step (drift/kl, drift/d) from the same reference: with LoRA it is free but for
-    one no-grad forward per batch; training all weights it costs a frozen copy of the model, as beta > 0 does.
+    one no-grad forward per batch; training all weights it costs a frozen copy of the model, as beta > 0 does (with
+    sync_ref_model the reference moves, and the drift is measured from where it has moved to).
   * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
     only (the same step, see loss_share).
   * 16 bits for the forward passes only (bf16, or fp16 with loss scaling on GPUs without bfloat16): the trained
@@ -264,7 +265,7 @@ def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_
                                             mb.completion_mask, temperature=cfg.temperature, with_entropy=True,
                                             entropy_grad=cfg.entropy_coef > 0, share_prompts=cfg.shared_prefix,
                                             top_k=cfg.top_k, top_p=cfg.top_p)
-    kl_in_loss = mb.ref_logp is not None and not cfg.kl_in_reward  # (a reference kept for the drift alone: beta 0)
+    kl_in_loss = mb.ref_logp is not None and not cfg.kl_in_reward  # ref_logp may be there for the drift alone
     loss, stats = policy_loss(
         logp, logp.detach() if mb.old_logp is None else mb.old_logp, mb.adv, mb.loss_mask, loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,

@@ -161,7 +161,7 @@ QUOTES = [
     ("10_learned_rewards", "8.8 nats at the last step against 13.3",
      ["beta 0 drift at the last step 13.26 nats", "beta 0.1 drift at the last step 8.83 nats"]),
     ("10_learned_rewards", "29.5% → 80% held-out greedy accuracy at step 20",
-     ["DPO, the same labels as pairs 62 steps, 64 s of training; held-out greedy accuracy 29.5% -> 64% 74% 79% 80%"]),
+     ["DPO, the same labels as pairs 62 steps,", "held-out greedy accuracy 29.5% -> 64% 74% 79% 80%"]),
 ]
 
 

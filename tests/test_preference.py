@@ -95,8 +95,9 @@ class _Accelerator:
 def _fake_trainer(trainer_class, **attributes):
     """A TRL trainer object without its __init__, holding only what the loss method reads."""
     trainer = trainer_class.__new__(trainer_class)
-    trainer.__dict__.update(accelerator=_Accelerator(), _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-                            _total_train_tokens=0, _tp_size=1, **attributes)
+    metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    trainer.__dict__.update(accelerator=_Accelerator(), _metrics=metrics, _total_train_tokens=0, _tp_size=1,
+                            **attributes)
     return trainer
 
 

@@ -147,3 +147,16 @@ def test_dpo_reads_a_completion_as_the_ids_the_policy_sampled():
                                        for i in ended])
     assert [e["chosen_ids"] for e in encoded] == sampled
     assert encoded[0]["prompt_ids"] == roll.prompt_ids[0][roll.prompt_mask[0].bool()].tolist()
+
+
+@pytest.mark.parametrize("trainer", ["reward", "dpo"])
+def test_settings_the_loops_would_ignore_are_refused(trainer, tmp_path):
+    from minigrpo.dpo_trainer import train_dpo
+
+    cfg = Config(output_dir=str(tmp_path), save_steps=5)
+    name = "train_reward_model" if trainer == "reward" else "train_dpo"
+    with pytest.raises(ConfigError, match=f"save_steps: not supported by {name}"):
+        if trainer == "reward":
+            train_reward_model(cfg, train_rows=[], progress=False)
+        else:
+            train_dpo(cfg, [], progress=False)

@@ -87,8 +87,9 @@ def main(args) -> int:
                                    reward_funcs=[rm.model], reward_processing_classes=[rm.tokenizer])
         scoring = time_scorers(rm, trainer, batch, args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
-        steps = [minigrpo_step(model, tokenizer, optimizer, task, cfg, rows[rep * args.prompts:(rep + 1) * args.prompts],
-                               [rm], device)["step"] for rep in range(args.warmup + args.steps)][args.warmup:]
+        step_rows = [rows[rep * args.prompts:(rep + 1) * args.prompts] for rep in range(args.warmup + args.steps)]
+        steps = [minigrpo_step(model, tokenizer, optimizer, task, cfg, r, [rm], device)["step"]
+                 for r in step_rows][args.warmup:]
     report(scoring, steps, rm, batch, args)
     return 0
 

@@ -609,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""
     print(f"device {device}{gpu}, dtype {args.dtype}, batch {args.batch_size} completions x ({args.prompt_length} "
           f"prompt + {args.completion_length} completion tokens), G={args.num_generations}, beta={args.beta}, "
-          f"LoRA r={args.lora_r}, {args.steps} steps{', a reward model scoring' if args.reward_model else ''}; torch {torch.__version__}, transformers "
+          f"LoRA r={args.lora_r}, {args.steps} steps{', a reward model scoring' if args.reward_model else ''}; "
+          f"torch {torch.__version__}, transformers "
           f"{transformers.__version__}, peft {peft.__version__}, bitsandbytes {bitsandbytes.__version__}")
     everything = []
     for shape in shapes:
