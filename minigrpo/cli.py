@@ -208,8 +208,7 @@ def cmd_reward_model(argv: list[str]) -> int:
         print("minigrpo reward-model: train a reward model (reward_trainer.py) on --dataset rows in TRL's format, or "
               "on the policy's samples labelled by the task's checker; the `minigrpo train` flags that apply (--model, "
               "--task, --use-peft, --learning-rate, --num-generations, --out, ...), plus RewardConfig's:")
-        for key, default in RewardConfig().to_dict().items():
-            print(f"  --{key.replace('_', '-'):32s} {default!r}")
+        print(option_help(RewardConfig, search=argv[1] if len(argv) > 1 else None))
         return 0
     overrides = _parse_overrides(argv)
     reward_cfg = RewardConfig.from_flags({key: overrides.pop(key) for key in reward_fields if key in overrides})

@@ -59,6 +59,12 @@ class LLMJudge:
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.__name__ = name
 
+    def to(self, device) -> "LLMJudge":
+        """The judge on `device` (the run's), unless its weights were placed while loading (4-bit)."""
+        if not getattr(self.model, "is_loaded_in_4bit", False):
+            self.model.to(device)
+        return self
+
     def input_ids(self, prompt, completion) -> list[int]:
         """The judge's input: its template's text tokenized as usual, the problem and the completion as plain text."""
         user = f"{self.question}\n\nProblem:\n{_HOLDERS[0]}\n\nAnswer:\n{_HOLDERS[1]}"

@@ -56,6 +56,17 @@ class RewardModel:
         self.__name__ = name or _model_name(model)  # TRL's: the model id's last part, e.g. rewards/rm/mean
         self.warned_nan = False
 
+    @property
+    def name_or_path(self) -> str:
+        """Where the model came from (config.yaml names the reward function by it: rewards.reward_func_name)."""
+        return str(getattr(self.model, "name_or_path", "") or "")
+
+    def to(self, device) -> "RewardModel":
+        """The model on `device` (the run's), unless its weights were placed while loading (4-bit)."""
+        if not getattr(self.model, "is_loaded_in_4bit", False):
+            self.model.to(device)
+        return self
+
     def texts(self, prompts: list, completions: list) -> list[str]:
         return reward_texts(self.tokenizer, prompts, completions, self.chat_template_kwargs)
 
@@ -86,6 +97,12 @@ class RewardEnsemble:
         if reduce not in ("min", "mean") or not members:
             raise RewardError(f"{name}: reduce must be 'min' or 'mean', over at least one member")
         self.members, self.reduce, self.__name__ = members, reduce, name
+
+    def to(self, device) -> "RewardEnsemble":
+        for member in self.members:
+            if hasattr(member, "to"):
+                member.to(device)
+        return self
 
     def __call__(self, prompts, completions, **row) -> list[float]:
         scores = torch.tensor([member(prompts, completions, **row) for member in self.members])  # (K, N)

@@ -65,9 +65,9 @@ class RewardConfig:
     per_device_train_batch_size: int = 64  # pairs (or labelled completions) per optimizer step (TRL's: 8)
     max_length: int | None = 1024  # TRL: rows whose text (prompt + completion) is longer are dropped
     # minigrpo, without a dataset: the policy's samples of this many of the task's train prompts (num_generations
-    # each, at the Config's temperature), and of this many test prompts to judge it on
+    # each, at the Config's temperature), labelled by the task's checker
     num_prompts: int = 250
-    eval_num_prompts: int = 100
+    eval_num_prompts: int = 100  # minigrpo, without a dataset: test prompts sampled so, for held-out AUC and accuracy
 
     def __post_init__(self):
         if self.loss not in REWARD_OBJECTIVES:

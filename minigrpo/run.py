@@ -31,13 +31,14 @@ from .config import Config, ConfigError
 from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
+from .judge import LLMJudge
 from .metrics import finite_or_none
 from .mixed_precision import autocast_dtype, grad_scaler
 from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
-from .reward_model import is_reward_model, load_reward_model
+from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
 from .rewards import build_reward_funcs, reward_func_name, reward_names
 from .rollout import eos_token_ids
 from .run_log import RunLog
@@ -382,11 +383,14 @@ def say(message: str) -> None:
 
 def resolve_reward_funcs(cfg: Config, task: Task, max_len: int, entries: list, device) -> list:
     """TRL's reward_funcs entries, each made a reward function: a callable as it is; a reward model's directory
-    (or hub id) or a loaded sequence-classification model, a RewardModel on the run's device (reward_model.py);
-    any other string, a name or "module:function" (rewards.build_reward_funcs)."""
+    (or hub id) or a loaded sequence-classification model, a RewardModel on the run's device (reward_model.py; a
+    RewardModel, RewardEnsemble or LLMJudge given is moved there); any other string, a name or "module:function"
+    (rewards.build_reward_funcs)."""
     funcs = []
     for entry in entries:
-        if is_reward_model(entry):
+        if isinstance(entry, (RewardModel, RewardEnsemble, LLMJudge)):
+            funcs.append(entry.to(device))
+        elif is_reward_model(entry):
             funcs.append(load_reward_model(entry, device, chat_template_kwargs=cfg.chat_template_kwargs))
         else:
             funcs += build_reward_funcs([entry], task, max_len, overlong_buffer_len=cfg.overlong_buffer_len,

@@ -81,6 +81,42 @@ def test_training_on_a_reward_model_logs_both_rewards_and_the_drift(reward_model
     assert rows[1]["drift/kl"] > 0.0  # after one update it has moved
 
 
+def test_trls_front_door_takes_reward_models_with_their_tokenizers_and_weights(reward_model_dir, tmp_path,
+                                                                               one_thread):
+    """GRPOTrainer(reward_funcs=[a loaded reward model, "correctness"], reward_processing_classes=[its tokenizer,
+    None], args=GRPOConfig(reward_weights=[1, 0])), as a TRL script gives them."""
+    import yaml
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from minigrpo import GRPOConfig, GRPOTrainer
+    from minigrpo.config import ConfigError
+
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)
+    args = GRPOConfig(str(tmp_path / "run"), task="think_addition", max_steps=1, per_device_train_batch_size=8,
+                      num_generations=4, reward_weights=[1.0, 0.0], eval_limit=4, eval_num_samples=0,
+                      save_model=False, disable_tqdm=True, max_completion_length=None)
+    trainer = GRPOTrainer(model=get_task_model_dir(), reward_funcs=[model, "correctness"], args=args,
+                          reward_processing_classes=[tokenizer, None])
+    assert isinstance(trainer.reward_funcs[0], RewardModel) and trainer.reward_funcs[0].tokenizer is tokenizer
+    trainer.train()
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["reward"] == pytest.approx(row["rewards/rm/mean"], abs=1e-6) and "drift/kl" in row
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["reward_funcs"] == [
+        str(reward_model_dir), "correctness"]  # the reward model named by where it came from
+    with pytest.raises(ConfigError, match=r"^reward_processing_classes: 1 for 2 reward functions \(one per"):
+        GRPOTrainer(model=get_task_model_dir(), reward_funcs=[str(reward_model_dir), "correctness"],
+                    reward_processing_classes=[tokenizer])
+    with pytest.raises(ConfigError, match=r"^reward_weights: 2 weights for 1 reward_funcs$"):  # checked once known
+        GRPOTrainer(model=get_task_model_dir(), reward_funcs=["correctness"], args=args).config()
+
+
+def get_task_model_dir() -> str:
+    from minigrpo.tasks import get_task
+
+    return str(get_task("think_addition").model_dir)
+
+
 def bad_input(tmp_path, reward_model_dir, what: str):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
