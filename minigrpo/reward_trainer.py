@@ -43,7 +43,7 @@ from .models import is_lora, is_quantized, load_model, load_model_and_tokenizer,
 from .preference import bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc
 from .prompts import completions_for_rewards
 from .reward_model import RewardModel, reward_texts, sequence_scores
-from .run import load_policy, make_optimizer, policy_path, write_config
+from .run import claim_output_dir, load_policy, make_optimizer, policy_path, write_config
 from .tasks import get_task
 from .tasks.sources import read_dataset
 
@@ -223,6 +223,7 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
         if getattr(cfg, key) != default:
             raise ConfigError(f"{key}: not supported by train_reward_model")
+    out = claim_output_dir(cfg)  # before any work: another run's results there are refused (or overwrite_output_dir)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     if train_rows is None:
@@ -238,7 +239,9 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     optimizer, scheduler = make_optimizer(dataclasses.replace(cfg, max_steps=num_steps),
                                           [p for p in model.parameters() if p.requires_grad])
     judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
-    out, log, t_start = _output_dir(cfg, reward_cfg), [], time.perf_counter()
+    write_config(out, cfg, algorithm="reward_model", reward=reward_cfg.to_dict())
+    (out / "metrics.jsonl").write_text("")
+    log, t_start = [], time.perf_counter()
     for step, rows in enumerate(epoch_batches(len(examples), batch_size, num_steps, cfg.seed), start=1):
         t0, batch = time.perf_counter(), [examples[i] for i in rows]
         model.train()
@@ -297,14 +300,6 @@ def epoch_batches(num_rows: int, batch_size: int, num_steps: int, seed: int):
             order += fresh
         batch, order = order[:batch_size], order[batch_size:]
         yield batch
-
-
-def _output_dir(cfg: Config, reward_cfg: RewardConfig) -> Path:
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(out, cfg, algorithm="reward_model", reward=reward_cfg.to_dict())
-    (out / "metrics.jsonl").write_text("")
-    return out
 
 
 def _log_line(out: Path, row: dict, progress: bool) -> None:

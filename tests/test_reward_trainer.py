@@ -97,6 +97,8 @@ def test_the_cli_samples_trains_and_says_where_it_saved(tmp_path, capsys):
     assert printed.startswith("reward model (bce, 32 rows, 2 steps): held-out AUC ")
     assert printed.endswith(f"Saved to {out}: --reward-funcs {out}")
     assert json.loads((out / "summary.json").read_text())["eval"]["num_completions"] == 16
+    assert main(["reward-model", "--out", str(out)]) == 2  # a second run into it is refused before any work
+    assert "holds another run's results" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [
