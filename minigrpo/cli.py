@@ -1,4 +1,4 @@
-"""`python -m minigrpo train | eval | plot | show | bench | memory | ppo` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | show | bench | memory | ppo | reward-model` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
@@ -16,6 +16,8 @@
     minigrpo bench-length                           # peak memory and step time vs completion length, vs TRL
     minigrpo bench-logprobs                         # the log-prob pass alone: time and memory, side by side
     minigrpo ppo --max-steps 50 --lam 1 --out runs/ppo   # PPO with a critic (ppo_trainer.py): Config + PPOConfig flags
+    minigrpo reward-model --loss bce --learning-rate 1e-3 --out runs/rm   # a reward model from the checker's labels
+    minigrpo train --reward-funcs runs/rm,correctness --reward-weights 1,0   # GRPO on it, the checker only watched
 
 Every Config field is a flag, with dashes or underscores: --num-generations 8 == --num_generations 8.
 `minigrpo train --help` lists them with what each does; `minigrpo train --help lora` only those about LoRA.
@@ -198,6 +200,27 @@ def cmd_ppo(argv: list[str]) -> int:
     return 0
 
 
+def cmd_reward_model(argv: list[str]) -> int:
+    from .reward_trainer import RewardConfig, train_reward_model
+
+    reward_fields = [f.name for f in dataclasses.fields(RewardConfig)]
+    if argv and argv[0] in ("-h", "--help"):
+        print("minigrpo reward-model: train a reward model (reward_trainer.py) on --dataset rows in TRL's format, or "
+              "on the policy's samples labelled by the task's checker; the `minigrpo train` flags that apply (--model, "
+              "--task, --use-peft, --learning-rate, --num-generations, --out, ...), plus RewardConfig's:")
+        print(option_help(RewardConfig, search=argv[1] if len(argv) > 1 else None))
+        return 0
+    overrides = _parse_overrides(argv)
+    reward_cfg = RewardConfig.from_flags({key: overrides.pop(key) for key in reward_fields if key in overrides})
+    cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/rm", **overrides})
+    s = train_reward_model(cfg, reward_cfg)
+    held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, pairwise accuracy "
+                                             f"{s['eval']['pairwise_accuracy']:.3f}")
+    print(f"reward model ({s['loss']}, {s['train_rows']} rows, {s['steps']} steps){held_out}. Saved to "
+          f"{s['output_dir']}: --reward-funcs {s['output_dir']}")
+    return 0
+
+
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="minigrpo eval", description="Greedy accuracy, sampled accuracy and pass@k.")
     p.add_argument("--model", default=None, help="model directory or hub name (default: the task's shipped model)")
@@ -254,6 +277,10 @@ def cmd_bench(argv: list[str]) -> int:
     from .lab.bench import main as bench, parse_args
 
     args = parse_args(argv)
+    if args.reward_model:
+        from .lab.bench_reward_model import main as against_trl_scoring
+
+        return against_trl_scoring(args)
     if args.against == "vllm":
         from .lab.bench_vllm import main as against_vllm
 
@@ -283,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "show": cmd_show, "bench": cmd_bench,
                 "bench-length": cmd_bench_length, "bench-logprobs": cmd_bench_logprobs, "memory": cmd_memory,
-                "ppo": cmd_ppo, "options": cmd_options}
+                "ppo": cmd_ppo, "reward-model": cmd_reward_model, "options": cmd_options}
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2

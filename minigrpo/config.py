@@ -110,7 +110,8 @@ class Config:
     train_on_tool_output: bool = False
     # --- rewards and advantages ---
     # names (correctness, format, r1_format, r1_format_soft, overlong, random) or your own as module:function or
-    # path/to/file.py:function, with TRL's signature (rewards.build_reward_funcs)
+    # path/to/file.py:function, with TRL's signature (rewards.build_reward_funcs), or a reward model's directory
+    # (a sequence-classification model, scored as TRL scores it: reward_model.py)
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)

@@ -246,13 +246,21 @@ class GRPOConfig(Config):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)} (minigrpo keeps "
                                   "the final model, not the best one)")
-        self.to_config(num_train_rows=None)
+        # TRL's reward_weights are for GRPOTrainer's reward_funcs, unknown here (checked against them in to_config)
+        weights = self.reward_weights
+        stand_ins = None if weights is None or len(weights) == len(self.reward_funcs) else ["correctness"] * len(weights)
+        self.to_config(num_train_rows=None, reward_funcs=stand_ins)
 
-    def to_config(self, num_train_rows: int | None, world_size: int = 1) -> Config:
+    def to_config(self, num_train_rows: int | None, world_size: int = 1, reward_funcs: list | None = None) -> Config:
         """The Config that runs: TRL's counts turned into minigrpo's (the module's table). num_train_rows: the
         prompts one epoch passes over (None: max_steps -1 counts as one batch, for checking only); world_size:
-        the processes (TRL's per-device sizes are per process)."""
+        the processes (TRL's per-device sizes are per process); reward_funcs: GRPOTrainer's (TRL keeps them out of
+        its config), named in the Config, whose reward_weights are checked against them (None: the config's own)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(Config)}
+        if reward_funcs is not None:
+            from .rewards import reward_func_name
+
+            values["reward_funcs"] = [f if isinstance(f, str) else reward_func_name(f) for f in reward_funcs]
         A, B = self.gradient_accumulation_steps, self.per_device_train_batch_size
         for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:

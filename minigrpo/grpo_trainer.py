@@ -11,14 +11,15 @@ TRL's quick start runs with its import changed:
     trainer.train()
 
 What it accepts, as TRL does: `model` a hub id, a local path or a loaded model; `reward_funcs` one or a list of
-functions with TRL's signature, reward names or "module:function" specs (rewards.build_reward_funcs), or model
-paths where minigrpo scores with reward models; `args` a GRPOConfig (TRL's names, grpo_config.py) or minigrpo's
-Config; `train_dataset` / `eval_dataset` a datasets.Dataset or a list of rows (TRL's "prompt" column, a string or
-chat messages, and any other columns for the reward functions); `processing_class` the tokenizer; `peft_config` a
-peft LoraConfig (its r, lora_alpha, lora_dropout, target_modules); `tools` and `environment_factory` as in TRL.
-Without an eval_dataset the last tenth of train_dataset is held out for minigrpo's before / after evaluation, as
-for a single file (said when training starts). What minigrpo does not have (callbacks, optimizers, rollout_func,
-reward_processing_classes) is refused in one line.
+functions with TRL's signature, reward names or "module:function" specs (rewards.build_reward_funcs), or reward
+models: a directory, a hub id or a loaded sequence-classification model (reward_model.py), each scored with the
+tokenizer given in `reward_processing_classes` (None: the one saved beside it); `reward_weights` in args; `args` a
+GRPOConfig (TRL's names, grpo_config.py) or minigrpo's Config; `train_dataset` / `eval_dataset` a datasets.Dataset
+or a list of rows (TRL's "prompt" column, a string or chat messages, and any other columns for the reward
+functions); `processing_class` the tokenizer; `peft_config` a peft LoraConfig (its r, lora_alpha, lora_dropout,
+target_modules); `tools` and `environment_factory` as in TRL. Without an eval_dataset the last tenth of
+train_dataset is held out for minigrpo's before / after evaluation, as for a single file (said when training
+starts). What minigrpo does not have (callbacks, optimizers, rollout_func) is refused in one line.
 
 `train()` calls `minigrpo.trainer.train(config, ...)`, the loop a student reads, and returns its summary (accuracy
 before and after, steps, time); the run's folder holds config.yaml (what ran, in minigrpo's names), metrics.jsonl,
@@ -45,9 +46,7 @@ class GRPOTrainer:
         refused = {"callbacks": (callbacks, "minigrpo has no callbacks: read metrics.jsonl, or report_to"),
                    "optimizers": (None if optimizers == (None, None) else optimizers,
                                   "minigrpo makes AdamW and its schedule from the config (learning_rate, ...)"),
-                   "rollout_func": (rollout_func, "minigrpo samples with its decode loop, vLLM or tools"),
-                   "reward_processing_classes": (reward_processing_classes,
-                                                 "a reward model is scored with its own tokenizer")}
+                   "rollout_func": (rollout_func, "minigrpo samples with its decode loop, vLLM or tools")}
         for name, (value, instead) in refused.items():
             if value is not None:
                 raise ConfigError(f"{name}: TRL's argument, not in minigrpo ({instead})")
@@ -61,7 +60,9 @@ class GRPOTrainer:
             changes["task"] = "answer"  # your rows, their final answers graded (a "solution" column counts)
         self.args = dataclasses.replace(args, **changes, **lora_fields(peft_config)) if changes or peft_config else args
         self.model = None if isinstance(model, (str, Path)) else model
-        self.reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        self.reward_funcs = with_processing_classes(reward_funcs, reward_processing_classes,
+                                                    getattr(self.args, "chat_template_kwargs", None))
         self.train_dataset, self.eval_dataset, self.processing_class = train_dataset, eval_dataset, processing_class
         self.tools, self.environment_factory = tools, environment_factory
         self.summary: dict | None = None
@@ -78,7 +79,7 @@ class GRPOTrainer:
                 rows = len(self.train_dataset)
                 rows -= held_out_size(rows) if self.eval_dataset is None else 0
             world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by accelerate launch / torchrun
-            cfg = cfg.to_config(num_train_rows=rows, world_size=world_size)
+            cfg = cfg.to_config(num_train_rows=rows, world_size=world_size, reward_funcs=self.reward_funcs)
         if resume_from_checkpoint:
             resume = cfg.output_dir if resume_from_checkpoint is True else str(resume_from_checkpoint)
             cfg = dataclasses.replace(cfg, resume_from_checkpoint=resume)
@@ -117,6 +118,24 @@ class GRPOTrainer:
             return saved
         shutil.copytree(saved, output_dir, dirs_exist_ok=True)
         return Path(output_dir)
+
+
+def with_processing_classes(reward_funcs: list, processing_classes, chat_template_kwargs: dict | None) -> list:
+    """TRL's reward_processing_classes: one tokenizer (or None) per reward function, or one for a single function.
+    A reward model's (a path or a loaded sequence-classification model) is the tokenizer it scores with: the pair
+    is made a RewardModel here (reward_model.py; train() places it on the run's device). None, and an entry beside
+    a reward function that is not a model, are ignored, as TRL does: a reward model's own tokenizer is loaded."""
+    if processing_classes is None:
+        return reward_funcs
+    classes = processing_classes if isinstance(processing_classes, (list, tuple)) else [processing_classes]
+    if len(classes) != len(reward_funcs):
+        raise ConfigError(f"reward_processing_classes: {len(classes)} for {len(reward_funcs)} reward functions (one "
+                          f"per reward function, None where it is not a model)")
+    from .reward_model import is_reward_model, load_reward_model
+
+    return [load_reward_model(func, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs)
+            if tokenizer is not None and is_reward_model(func) else func
+            for func, tokenizer in zip(reward_funcs, classes, strict=True)]
 
 
 def lora_fields(peft_config) -> dict:

@@ -15,7 +15,7 @@ reverse KL on-policy). Notebook 2 compares the three against the exact KL of two
 
 import torch
 
-__all__ = ["kl_divergence", "KL_ESTIMATORS"]
+__all__ = ["kl_divergence", "sequence_kl", "KL_ESTIMATORS"]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -38,3 +38,18 @@ def kl_divergence(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "
     if estimator == "k3":
         return torch.exp(log_r) - log_r - 1
     raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+
+
+def sequence_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(pi || pi_ref) between whole completions, one estimate per sampled completion y ~ pi: k3 summed over its
+    tokens,
+
+        KL_seq(y) = sum_t k3_t,        E_{y ~ pi}[KL_seq(y)] = KL(pi(. | q) || pi_ref(. | q))   in nats
+
+    unbiased because the sequence KL is the sum over positions of the per-token KLs at the sampled prefixes (the
+    chain rule), and k3's expectation at each prefix is that token's KL; never negative, unlike the sum of k1.
+    This is the drift of Gao et al. 2022 ("Scaling Laws for Reward Model Overoptimization"), who plot the gold
+    reward against d = sqrt(KL).
+
+    logp, ref_logp: (B, T) of the sampled tokens; mask: (B, T), 1 on the completion's tokens. Returns (B,)."""
+    return (kl_divergence(logp, ref_logp, "k3") * mask).sum(dim=-1)

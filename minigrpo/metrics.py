@@ -14,7 +14,9 @@ and minigrpo's own: accuracy (the task's grader on the training samples), frac_r
 right and wrong answers: where length drift shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds
 (dynamic sampling), sampling/* (vLLM's log-probs against the trainer's), step_seconds, generate_seconds,
 tokens_per_second, eval/accuracy_greedy; with fp16, grad_scaler/skipped_steps (optimizer steps of this step
-skipped because the scaled gradients overflowed float16; grad_norm averages the steps taken) and grad_scaler/scale.
+skipped because the scaled gradients overflowed float16; grad_norm averages the steps taken) and grad_scaler/scale;
+with a learned reward (reward_model.py), drift/kl (KL(pi || pi_init) per completion, in nats: kl.sequence_kl) and
+drift/d = sqrt(drift/kl).
 """
 
 import json
@@ -110,6 +112,8 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
     for key in step_stats[0]:  # what only some objectives report (sapo/gate_slope_mean, ...): under their own names
         if "/" in key and key not in row and not key.startswith("clip_ratio/"):
             row[key] = fmean(s[key] for s in step_stats)
+    if "drift/kl" in row:  # Gao et al. 2022's axis: d = sqrt(KL(pi || pi_init)), KL per completion in nats
+        row["drift/d"] = math.sqrt(max(row["drift/kl"], 0.0))
     return row
 
 

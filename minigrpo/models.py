@@ -111,18 +111,21 @@ def load_model(
     load_in_4bit: bool = False,
     bnb_4bit_quant_type: str = "nf4",
     use_bnb_nested_quant: bool = False,
+    num_labels: int | None = None,
 ):
-    """A causal LM on `device`, its weights in `dtype`, or its linear layers in 4 bits (bitsandbytes).
+    """A causal LM on `device`, its weights in `dtype`, or its linear layers in 4 bits (bitsandbytes). With
+    num_labels, a sequence classifier instead (a reward model: num_labels=1), its head new if the checkpoint has none.
 
     With load_in_4bit, every nn.Linear of the blocks becomes a bitsandbytes Linear4bit (the output head and the
     embeddings stay in `dtype`), and `dtype` is the compute dtype the 4-bit blocks are dequantized to — as in
     TRL's ModelConfig, where one `dtype` field serves both. bitsandbytes >= 0.45 runs this on the CPU too.
     A directory holding a LoRA adapter (adapter_config.json) loads its base model with the adapter on top.
     """
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BitsAndBytesConfig
 
     name = _local_or_hub(name_or_path)
-    kwargs = {"dtype": DTYPES[dtype]}
+    kwargs = {"dtype": DTYPES[dtype]} | ({"num_labels": num_labels} if num_labels else {})
+    model_class = AutoModelForSequenceClassification if num_labels else AutoModelForCausalLM
     if load_in_4bit:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type=bnb_4bit_quant_type,
@@ -130,7 +133,7 @@ def load_model(
         )
         kwargs["device_map"] = {"": str(device)}  # quantized weights are placed while loading, never moved
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        model = model_class.from_pretrained(name, **kwargs)
     except OSError as exc:
         raise _unfetchable(name, exc) from exc
     if not load_in_4bit:
@@ -169,8 +172,10 @@ def peft_wrapping():
         yield
 
 
-def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, target_modules=None):
-    """Freeze `model` and wrap it in a peft LoRA adapter; only the adapter's A and B are trainable.
+def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, target_modules=None,
+             task_type: str = "CAUSAL_LM"):
+    """Freeze `model` and wrap it in a peft LoRA adapter; only the adapter's A and B are trainable (and, with
+    task_type "SEQ_CLS", a sequence classifier's new head, which peft then trains and saves whole).
 
     A 4-bit model first goes through peft's `prepare_model_for_kbit_training`, which freezes it and keeps the
     layers that are not quantized (norms, embeddings) in float32 for stable training. Gradient checkpointing is
@@ -181,7 +186,7 @@ def add_lora(model, *, r: int = 16, alpha: float = 32, dropout: float = 0.05, ta
     if getattr(model, "is_loaded_in_4bit", False):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     lora = LoraConfig(
-        r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type="CAUSAL_LM",
+        r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type=task_type,
         target_modules=target_modules or default_lora_target_modules(model),
     )
     with peft_wrapping():

@@ -219,7 +219,7 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
         else:
             raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, r1_format, "
                               f"r1_format_soft, overlong, random, math_verify, or module:function / "
-                              f"path/file.py:function)")
+                              f"path/file.py:function, or a reward model's directory)")
     return funcs
 
 

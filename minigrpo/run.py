@@ -31,12 +31,14 @@ from .config import Config, ConfigError
 from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
+from .judge import LLMJudge
 from .metrics import finite_or_none
 from .mixed_precision import autocast_dtype, grad_scaler
 from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
+from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
 from .rewards import build_reward_funcs, reward_func_name, reward_names
 from .rollout import eos_token_ids
 from .run_log import RunLog
@@ -46,9 +48,10 @@ from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, t
 from .user_code import callable_name
 
 __all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
-           "policy_path", "prepare_task", "make_optimizer", "lr_lambda", "evaluator", "eval_due", "vllm_correction",
-           "run_summary", "finish_run", "tool_setup", "claim_output_dir", "record_inputs", "run_rows",
-           "evaluate_on_main", "checkpoint_due", "save_step_checkpoint", "stopped_line", "say", "RUN_FILES"]
+           "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator",
+           "eval_due", "vllm_correction", "run_summary", "finish_run", "tool_setup", "claim_output_dir",
+           "record_inputs", "run_rows", "evaluate_on_main", "checkpoint_due", "save_step_checkpoint", "stopped_line",
+           "say", "RUN_FILES"]
 
 
 @dataclass
@@ -99,7 +102,7 @@ def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None
         torch.manual_seed(cfg.seed + distributed.rank())
     train_rows, test_rows = run_rows(cfg, task, train_rows, eval_rows)
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
-                                                                         reward_funcs, train_rows, test_rows)
+                                                                         reward_funcs, train_rows, test_rows, device)
     out = claim_output_dir(cfg)  # a used folder is refused before anything is written
     return RunSetup(device, task, model, tokenizer, train_rows, test_rows, reward_funcs, weights, max_len, out,
                     cfg.bf16, cfg.fp16, grad_scaler(device, enabled=cfg.fp16))
@@ -196,8 +199,10 @@ def write_config(out: Path, cfg: Config, **extra) -> None:
     (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), **extra}, sort_keys=False))
 
 
-def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, *, model=None, tokenizer=None):
-    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too).
+def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, num_labels: int | None = None, *,
+                model=None, tokenizer=None):
+    """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too). With
+    num_labels, a sequence classifier on the same body (a reward model being trained: reward_trainer.py).
 
     name_or_path may be a LoRA adapter (a run's model/ with use_peft): training then continues that adapter on
     its base. Without use_peft an adapter is refused in one line: its merged model is what to train fully.
@@ -212,6 +217,7 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, *, m
     model = load_model(
         base or name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
         bnb_4bit_quant_type=cfg.bnb_4bit_quant_type, use_bnb_nested_quant=cfg.use_bnb_nested_quant,
+        num_labels=num_labels,
     )
     if cfg.use_peft and base is not None:  # the adapter's own r, alpha and targets: cfg's lora_* do not apply
         from peft import PeftModel, prepare_model_for_kbit_training
@@ -222,7 +228,7 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, *, m
             model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
     elif cfg.use_peft:
         model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                         target_modules=cfg.lora_target_modules)
+                         target_modules=cfg.lora_target_modules, task_type="SEQ_CLS" if num_labels else "CAUSAL_LM")
     if cfg.gradient_checkpointing or (cfg.fsdp_config or {}).get("activation_checkpointing"):  # the same thing
         enable_gradient_checkpointing(model)
     return model, load_tokenizer(name_or_path) if tokenizer is None else prepare_tokenizer(tokenizer)
@@ -316,16 +322,17 @@ def policy_path(cfg: Config, task: Task):
 
 
 def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs: list | None = None,
-                 train_rows: list[dict] | None = None, test_rows: list[dict] | None = None):
+                 train_rows: list[dict] | None = None, test_rows: list[dict] | None = None,
+                 device: torch.device | str = "cpu"):
     """The run's rows and reward functions, checked before any step: (train_rows, test_rows, reward_funcs,
     reward_weights, max_completion_length). The rows are run_rows' (read from dataset_name when not given); the
     training rows whose prompt is longer than max_prompt_length are left out (how many is printed), the test rows
-    cut to eval_limit. reward_funcs: names and functions mixed (rewards.build_reward_funcs), else cfg.reward_funcs.
-    One-line ConfigError for an empty split, a weight count that does not match, or prompts that leave no room
-    for the completion in the model's context."""
+    cut to eval_limit. reward_funcs (else cfg.reward_funcs) may mix functions, names and reward models
+    (`resolve_reward_funcs`); those load on `device`. One-line ConfigError for an empty split, a weight count that
+    does not match, or prompts that leave no room for the completion in the model's context."""
     max_len = cfg.max_completion_length or task.max_completion_length
-    reward_funcs = build_reward_funcs(cfg.reward_funcs if reward_funcs is None else reward_funcs, task, max_len,
-                                      overlong_buffer_len=cfg.overlong_buffer_len, seed=cfg.seed)
+    reward_funcs = resolve_reward_funcs(cfg, task, max_len, cfg.reward_funcs if reward_funcs is None else reward_funcs,
+                                        device)
     weights = cfg.reward_weights or [1.0] * len(reward_funcs)
     if len(weights) != len(reward_funcs):
         raise ConfigError(f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward functions")
@@ -372,6 +379,23 @@ def say(message: str) -> None:
     """One line for the person watching (the main process only), printed above any progress bar."""
     if distributed.is_main() and os.environ.get("RANK", "0") == "0":  # RANK: before the process group is joined
         tqdm.write(message)
+
+
+def resolve_reward_funcs(cfg: Config, task: Task, max_len: int, entries: list, device) -> list:
+    """TRL's reward_funcs entries, each made a reward function: a callable as it is; a reward model's directory
+    (or hub id) or a loaded sequence-classification model, a RewardModel on the run's device (reward_model.py; a
+    RewardModel, RewardEnsemble or LLMJudge given is moved there); any other string, a name or "module:function"
+    (rewards.build_reward_funcs)."""
+    funcs = []
+    for entry in entries:
+        if isinstance(entry, (RewardModel, RewardEnsemble, LLMJudge)):
+            funcs.append(entry.to(device))
+        elif is_reward_model(entry):
+            funcs.append(load_reward_model(entry, device, chat_template_kwargs=cfg.chat_template_kwargs))
+        else:
+            funcs += build_reward_funcs([entry], task, max_len, overlong_buffer_len=cfg.overlong_buffer_len,
+                                        seed=cfg.seed)
+    return funcs
 
 
 def lr_lambda(cfg: Config):

@@ -22,6 +22,10 @@ What this loop simplifies, on purpose:
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
   * The reference policy (beta > 0) is a frozen copy of the starting weights, made once; with LoRA it is the
     same model with its adapter switched off (models.py), so it costs no memory.
+  * With a learned reward (reward_model.py, judge.py) the drift from the start, KL(pi || pi_init) per completion
+    and d = sqrt(KL), is logged each step (drift/kl, drift/d) from the same reference: with LoRA it is free but for
+    one no-grad forward per batch; training all weights it costs a frozen copy of the model, as beta > 0 does (with
+    sync_ref_model the reference moves, and the drift is measured from where it has moved to).
   * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
     only (the same step, see loss_share).
   * 16 bits for the forward passes only (bf16, or fp16 with loss scaling on GPUs without bfloat16): the trained
@@ -45,6 +49,7 @@ from .collect import collect_batch
 from .config import Config, ConfigError
 from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
 from .isolation import take_failed_count
+from .kl import sequence_kl
 from .metrics import gather_batch, gather_stats, step_metrics
 from .mixed_precision import optimizer_step, scaled_backward
 from .models import reference_policy, refresh_reference, resolve_device
@@ -81,7 +86,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     run = load_run(cfg, device, reward_funcs, model=model, processing_class=processing_class, train_rows=train_rows,
                    eval_rows=eval_rows)  # claims output_dir; seeded: the task, the policy, its rows and rewards
     model, tokenizer, task, out, max_len = run.model, run.tokenizer, run.task, run.out, run.max_completion_length
-    ref_model = reference_policy(model) if cfg.beta > 0 else None
+    drift = any(getattr(f, "learned", False) for f in run.reward_funcs)  # a learned reward: log KL(pi || pi_init)
+    ref_model = reference_policy(model) if cfg.beta > 0 or drift else None
     # What the loss's log-probs run through: model and ref_model themselves (one process), else DDP's or FSDP2's
     # forward (distributed.py). FSDP2 shards model and ref_model in place; the rest of the loop calls them bare.
     policy, ref_policy = distributed.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
@@ -120,12 +126,12 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
         bar.set_postfix_str("updating")
-        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, run.autocast)
+        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, run.autocast, drift)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         policy.train()
         step_stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=max_len, autocast=run.autocast,
-                                 step=step, scaler=run.scaler)
+                                 step=step, scaler=run.scaler, drift=drift)
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
@@ -174,13 +180,14 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     return summary
 
 
-def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tuple[Batch, dict]:
+def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast, drift: bool = False) -> tuple[Batch, dict]:
     """Step 4 of the loop: the batch's loss mask, old and reference log-probs, and the sampler correction.
 
     The loss acts on the policy's own tokens: tool output is context, not an action (train_on_tool_output: the
     bug, for teaching), less truncated completions with mask_truncated_completions (DAPO). Old log-probs are
     computed once per batch and only when they can differ from the current policy's (with vLLM always: its
-    log-probs are compared with ours before any update, as TRL does); the policy that sampled has no dropout."""
+    log-probs are compared with ours before any update, as TRL does); the policy that sampled has no dropout.
+    Reference log-probs: for the KL term (beta > 0), and for the drift from the start (drift: a learned reward)."""
     inputs.loss_mask = inputs.completion_mask if cfg.train_on_tool_output else inputs.policy_mask
     if cfg.mask_truncated_completions:  # a cut-off completion teaches nothing about its ending
         inputs.loss_mask = inputs.loss_mask * (~inputs.is_truncated).unsqueeze(1)
@@ -190,7 +197,7 @@ def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tu
     with torch.no_grad(), autocast():
         options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, share_prompts=cfg.shared_prefix)
         inputs.old_logp = completion_logprobs(model, *ids, **options)[0] if needs_old else None
-        use_ref = cfg.beta > 0 and not cfg.kl_in_reward
+        use_ref = (cfg.beta > 0 and not cfg.kl_in_reward) or drift
         inputs.ref_logp = completion_logprobs(ref_model, *ids, **options)[0] if use_ref else None
     # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
     inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
@@ -198,7 +205,7 @@ def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast) -> tu
 
 
 def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_length: int,
-                autocast=contextlib.nullcontext, step: int = 0, scaler=None) -> list[dict]:
+                autocast=contextlib.nullcontext, step: int = 0, scaler=None, drift: bool = False) -> list[dict]:
     """Step 5 of the loop: num_iterations passes over the batch, each in steps_per_generation mini-batches, one
     optimizer step per mini-batch. Returns each mini-batch's statistics (policy_loss's, plus loss, grad_norm,
     tokens and entropy; with fp16's scaler, skipped (1.0 where an overflow skipped the step) and loss_scale).
@@ -211,6 +218,7 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
     by its share of the mini-batch's normaliser (`loss_share`), gradients summed: the same optimizer step.
     scaler: fp16's GradScaler (mixed_precision.py): every micro-batch's backward is of S * loss, the gradients are
     unscaled before clipping, and a step whose gradients overflowed is skipped instead of stopping the run.
+    drift: also report drift/kl, KL(pi_old || pi_ref) per completion (kl.sequence_kl), from inputs.ref_logp.
     """
     N, W = inputs.adv.shape[0], distributed.world_size()
     loss_mask = inputs.loss_mask
@@ -228,7 +236,8 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
             for i, micro in enumerate(micro_batches.split(len(mb) // cfg.gradient_accumulation_steps)):
                 with distributed.no_sync(model, last_micro_batch=i == cfg.gradient_accumulation_steps - 1):  # DDP
                     loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
-                                                   num_items_in_batch=num_tokens / cfg.steps_per_generation / W)
+                                                   num_items_in_batch=num_tokens / cfg.steps_per_generation / W,
+                                                   drift=drift)
                 if cfg.gradient_accumulation_steps > 1 or (micro_batch_share(cfg.loss_type) == "tokens" and W > 1):
                     loss = loss * loss_share(cfg.loss_type, loss_mask, micro, mb)
                 if not torch.isfinite(loss):
@@ -247,18 +256,20 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
 
 
 def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_completion_length: int, autocast,
-                     num_items_in_batch) -> tuple[torch.Tensor, dict]:
-    """policy_loss on the given rows of the batch: a forward pass of the policy, then the objective."""
+                     num_items_in_batch, drift: bool = False) -> tuple[torch.Tensor, dict]:
+    """policy_loss on the given rows of the batch: a forward pass of the policy, then the objective. drift: also
+    drift/kl, the mean over the rows of KL(pi_old || pi_ref) (pi_old: the policy that sampled them; no extra pass)."""
     mb = inputs.select(rows)
     with autocast():
         logp, entropy = completion_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                             mb.completion_mask, temperature=cfg.temperature, with_entropy=True,
                                             entropy_grad=cfg.entropy_coef > 0, share_prompts=cfg.shared_prefix,
                                             top_k=cfg.top_k, top_p=cfg.top_p)
+    kl_in_loss = mb.ref_logp is not None and not cfg.kl_in_reward  # ref_logp may be there for the drift alone
     loss, stats = policy_loss(
         logp, logp.detach() if mb.old_logp is None else mb.old_logp, mb.adv, mb.loss_mask, loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-        delta=cfg.delta, beta=0.0 if mb.ref_logp is None else cfg.beta, ref_logp=mb.ref_logp,
+        delta=cfg.delta, beta=cfg.beta if kl_in_loss else 0.0, ref_logp=mb.ref_logp,
         kl_estimator=cfg.kl_estimator, max_completion_length=max_completion_length,
         num_items_in_batch=num_items_in_batch, token_weights=mb.is_weight, sampling_logp=mb.sampling_logp,
         entropies=entropy, use_bias_correction_kl=cfg.use_bias_correction_kl,
@@ -268,6 +279,9 @@ def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_
     policy_mask = mb.policy_mask  # entropy and token counts over the policy's own tokens
     stats.update(tokens=policy_mask.sum().item(),
                  entropy=((entropy * policy_mask).sum() / policy_mask.sum().clamp(min=1)).item())
+    if drift:  # the policy that sampled: old_logp, or (on-policy) this very forward's
+        sampler_logp = logp.detach() if mb.old_logp is None else mb.old_logp
+        stats["drift/kl"] = sequence_kl(sampler_logp, mb.ref_logp, policy_mask).mean().item()
     return loss, stats
 
 

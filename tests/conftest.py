@@ -54,3 +54,19 @@ def single_torch_thread():
     yield
     torch.set_num_threads(n)
 
+
+@pytest.fixture(scope="session")
+def reward_model_dir(tmp_path_factory):
+    """A reward model as TRL users give one: the shipped think_addition model's body under a scalar head
+    (LlamaForSequenceClassification, num_labels=1, the head drawn with a seed), saved with its tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from minigrpo.tasks import get_task
+
+    source = get_task("think_addition").model_dir
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
+    path = tmp_path_factory.mktemp("reward_model") / "rm"
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    return path

@@ -214,7 +214,7 @@ def test_prompts_longer_than_the_context_are_refused_before_training(tmp_path, r
         (["--num-generations", "1"], "num_generations: must be >= 2 (a group of one has no baseline)"),
         (["--num-generatons", "4"], "num_generatons: unknown config key; did you mean num_generations?"),
         (["--loss-type", "gspo"], "loss_type: 'gspo' is not one of grpo, bnpo, dapo, dr_grpo, luspo, cispo, clip_cov, "
-                                  "gmpo, gpg, kl_cov, sapo, vespo; GSPO is a ratio, not a loss type: "
+                                  "kimi, dppo_tv, dppo_kl, gpg, dro, gmpo, kl_cov, sapo, vespo; GSPO is a ratio, not a loss type: "
                                   "importance_sampling_level sequence (--importance-sampling-level sequence), with "
                                   "loss_type grpo or another token loss"),
         (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, reasoning_gym, think_addition, tool_addition"),

@@ -42,3 +42,15 @@ def test_bench_against_trl_on_a_recipes_prompts(capsys):
 def test_a_task_without_a_model_needs_a_shape():
     with pytest.raises(SystemExit, match="ships no model; give --shape"):
         main(["bench", "--against", "trl", "--task", "countdown"])
+
+
+def test_bench_scores_a_batch_with_a_reward_model_beside_trl(capsys):
+    """`--reward-model`: the same batch scored by minigrpo's RewardModel and TRL's _calculate_rewards, same scores."""
+    code = main(["bench", "--against", "trl", "--reward-model", "--shape", "test", "--prompts", "2",
+                 "--num-generations", "2", "--max-completion-length", "6", "--steps", "1", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"^reward model scoring ratio minigrpo/trl: \d+\.\d\d \(wall\), \d+\.\d\d \(CPU\)$", out, re.M)
+    assert re.search(r"^reward model scoring share of a minigrpo step: \d\.\d{3} \(wall\)", out, re.M)
+    difference = re.search(r"scores max \|minigrpo - TRL\|: (\S+)", out).group(1)
+    assert float(difference) < 1e-5

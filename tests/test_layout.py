@@ -63,8 +63,8 @@ def test_the_library_does_not_import_the_lab_at_import_time(path):
 
 # The loops, their set-up, the Config itself, and TRL's front door to them (GRPOConfig is a Config; GRPOTrainer makes
 # the Config that train() runs).
-LOOP_FLOOR = {"trainer.py", "ppo_trainer.py", "sft.py", "run.py", "collect.py", "config.py", "grpo_config.py",
-              "grpo_trainer.py"}
+LOOP_FLOOR = {"trainer.py", "ppo_trainer.py", "sft.py", "reward_trainer.py", "dpo_trainer.py", "run.py", "collect.py",
+              "config.py", "grpo_config.py", "grpo_trainer.py"}
 
 
 @pytest.mark.parametrize("path", [p for p in LIBRARY if p.name not in LOOP_FLOOR or p.parent != PACKAGE],

@@ -145,6 +145,23 @@ QUOTES = [
     ("08_more_variants", "VESPO's 9 points and Pass@k's 8.5", ["VESPO -9.0", "Pass@k (k=4) -8.5"]),
     ("08_more_variants", "**GFPO** (57.5%, 21 problems right for GFPO only against 55 for GRPO only, p = 0.00)",
      ["GFPO (length) 29.5% -> 57.5% 21/ 55 0.00"]),
+    ("10_learned_rewards", "(0.43) from a wrong one (0.39): AUC 0.58 there, against 0.85 over all",
+     ["with a scratchpad, right 153 0.43", "with a scratchpad, wrong 223 0.39",
+      "AUC over all held-out completions: 0.85; among those with a scratchpad only: 0.58"]),
+    ("10_learned_rewards", "0.203 at $n = 1$, 0.350 at $n = 4$ — then falls, to 0.120 at $n = 64$",
+     ["1 0.000 0.000 0.214 0.203", "4 0.636 0.798 0.419 0.350", "64 3.175 1.782 0.579 0.120"]),
+    ("10_learned_rewards", "fits the gold's gain with R² 0.98 (α 0.347, β 0.223)", ["alpha 0.347, beta 0.223, R^2 0.98"]),
+    ("10_learned_rewards", "67.5% at step 5", ["reward model: held-out greedy accuracy 29.5% -> best 67.5% (step 5)"]),
+    ("10_learned_rewards", "to 11.0% at step 40, far below the warm start", ["-> 11.0% at step 40"]),
+    ("10_learned_rewards", "The RL form fits with R² 0.81 and 0.79", ["R^2 0.81", "R^2 0.79"]),
+    ("10_learned_rewards", "98% of the logged ones in steps 31–40, against 75% in steps 1–5",
+     ["steps 1-5 42% 75% 50%", "steps 31-40 19% 98% 18%"]),
+    ("10_learned_rewards", "a scratchpad of the right shape with wrong sums and a wrong answer gets 0.70",
+     ["38+85=<think>8+5=5,3+8=11</think>155 P(right) 0.70 checker: False"]),
+    ("10_learned_rewards", "8.8 nats at the last step against 13.3",
+     ["beta 0 drift at the last step 13.26 nats", "beta 0.1 drift at the last step 8.83 nats"]),
+    ("10_learned_rewards", "29.5% → 80% held-out greedy accuracy at step 20",
+     ["DPO, the same labels as pairs 62 steps,", "held-out greedy accuracy 29.5% -> 64% 74% 79% 80%"]),
 ]
 
 

@@ -28,7 +28,8 @@ Then the rollout alone: minigrpo's `sample_completions` (its own decode loop) ag
 (HF `model.generate`, same settings: pure sampling, top_k=0), decode tokens per second and their ratio.
 
 TRL is imported here only, lazily: `pip install -e ".[bench]"` (also in `.[dev]`). `--against vllm` times the rollout
-alone against vLLM instead (bench_vllm.py).
+alone against vLLM instead (bench_vllm.py); `--reward-model` the scoring of a batch by a reward model against TRL's
+(bench_reward_model.py).
 """
 
 import argparse
@@ -127,9 +128,11 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
             "inputs": inputs}
 
 
-def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
+def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback, reward_funcs=None,
+                     reward_processing_classes=None):
     """TRL's GRPOTrainer on the same rows and settings (float32 weights; bf16 autocast where args.bf16; a LoRA
-    adapter of r 16, alpha 32, dropout 0.05 on every linear layer of the blocks where args.lora, as minigrpo's)."""
+    adapter of r 16, alpha 32, dropout 0.05 on every linear layer of the blocks where args.lora, as minigrpo's);
+    reward_funcs, else the task's correctness reward."""
     try:
         import trl
         from datasets import Dataset
@@ -167,8 +170,9 @@ def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback):
             peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, bias="none", task_type="CAUSAL_LM",
                                      target_modules=default_lora_target_modules(model))
         trainer = trl.GRPOTrainer(
-            model=model, reward_funcs=[task.correctness_reward], args=config, peft_config=peft_config,
-            train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[callback],
+            model=model, reward_funcs=reward_funcs or [task.correctness_reward], args=config, peft_config=peft_config,
+            train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+            callbacks=[callback] if callback else None, reward_processing_classes=reward_processing_classes,
         )
     trainer.remove_callback(PrinterCallback)  # its end-of-training log line would land in the middle of our table
     return trainer
@@ -340,6 +344,9 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-rollout", action="store_true", help="skip the sample_completions vs HF generate part")
+    p.add_argument("--reward-model", nargs="?", const="policy-shape", default=None, metavar="PATH",
+                   help="instead: scoring one batch with a reward model (PATH, else the policy's body under a scalar "
+                        "head), minigrpo vs TRL's _calculate_rewards (bench_reward_model.py)")
     return p.parse_args(argv)
 
 

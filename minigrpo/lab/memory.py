@@ -172,7 +172,10 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
                      what peft keeps in float32 whatever the dtype: LoRA's A and B (its autocast_adapter_dtype),
                      and for a 4-bit base every weight bitsandbytes does not quantize (prepare_model_for_kbit_training
                      casts them: the embeddings, tied to the head, and the norms; tests/test_memory.py checks both
-                     on a loaded model); plus a frozen reference copy when beta > 0 without LoRA
+                     on a loaded model); plus a frozen reference copy without LoRA when beta > 0 or a reward is
+                     learned (its drift is logged)
+        reward       each reward model of reward_funcs (reward_model.py): its weights in the dtype it was saved
+        models       in; it runs without gradient, so its activations are one forward's, freed before the update
         autocast     float32 weights trained under bf16 / fp16 (full fine-tuning, dtype float32): autocast's 16-bit
                      copy of every weight a matrix product uses, which the product keeps for backward (2 bytes x
                      `matmul_weights`; with gradient_checkpointing one block's and the head's)
@@ -195,6 +198,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     Left out: the decode loop's KV cache while sampling (without vLLM), the CUDA context (~0.5 GB), allocator
     slack and fragmentation.
     """
+    from ..reward_model import is_reward_model
     from ..tasks import get_task
 
     name = cfg.model_name_or_path
@@ -213,7 +217,10 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
         adapter = row["trainable_params"]
         weights = as_float32["weights"] if cfg.load_in_4bit else row["weights"] + adapter * (4 - DTYPE_BYTES[cfg.dtype])
         row = {**as_float32, "weights": weights, "total": weights + as_float32["gradients"] + as_float32["optimizer"]}
-    reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if cfg.beta > 0 and not cfg.use_peft else 0
+    reward_models = [entry for entry in cfg.reward_funcs if is_reward_model(entry)]
+    with_reference = (cfg.beta > 0 or reward_models) and not cfg.use_peft  # with LoRA: the adapter switched off
+    reference = row["total_params"] * DTYPE_BYTES[cfg.dtype] if with_reference else 0
+    reward_model_weights = sum(reward_model_bytes(entry) for entry in reward_models)
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
     from ..logprobs import BLOCK_ELEMENTS
@@ -240,9 +247,10 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     else:
         activations = (tokens * layer_bytes + prompt_kv_copies) * config.num_hidden_layers
     floor = {"setup": setup, **row, "reference": reference, "logits": logits, "activations": activations,
-             "autocast_copies": autocast_copies, "block_tokens": block_tokens, "mini_batch": mini_batch,
-             "completion_length": completion_length, "prompt_length": prompt_length, "prompts": prompts,
-             "floor": row["total"] + reference + logits + activations + autocast_copies}
+             "autocast_copies": autocast_copies, "reward_models": reward_model_weights, "block_tokens": block_tokens,
+             "mini_batch": mini_batch, "completion_length": completion_length, "prompt_length": prompt_length,
+             "prompts": prompts,
+             "floor": row["total"] + reference + logits + activations + autocast_copies + reward_model_weights}
     if cfg.use_vllm:
         floor["vllm"] = vllm_engine_bytes(config, row["total_params"] - row["trainable_params"] * cfg.use_peft,
                                           DTYPE_BYTES[cfg.dtype], cfg.generation_batch_size,
@@ -250,6 +258,18 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
         floor["vllm_share"] = cfg.vllm_gpu_memory_utilization * gpu_bytes if gpu_bytes else None
         floor["gpu_bytes"] = gpu_bytes
     return floor
+
+
+def reward_model_bytes(name_or_path) -> int:
+    """A reward model's weights in bytes, from its config (a model built on the meta device: no memory, no weights
+    read), in the dtype it was saved in, as reward_model.py loads it."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(str(name_or_path))
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(config)
+    dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+    return sum(t.numel() for t in model.parameters()) * DTYPE_BYTES.get(dtype, 4)
 
 
 def vllm_engine_bytes(config, base_params: int, dtype_bytes: int, sequences: int, sequence_length: int) -> dict:
@@ -279,7 +299,8 @@ def format_recipe_table(path: str, floor: dict) -> str:
     """One recipe's floor as a Markdown table (GiB)."""
     gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     rows = [("weights", floor["weights"]), ("gradients", floor["gradients"]), ("AdamW moments", floor["optimizer"]),
-            ("reference model (beta > 0, no LoRA)", floor["reference"]),
+            ("reference model (beta > 0 or a learned reward, no LoRA)", floor["reference"]),
+            ("reward models' weights (no gradient)", floor["reward_models"]),
             (f"logits, one block of the head ({floor['block_tokens']} tokens x vocabulary, 3 float32 copies)",
              floor["logits"]),
             (f"activations, estimated ({floor['prompts']} x {floor['prompt_length']} prompt + {floor['mini_batch']} x "
@@ -394,14 +415,19 @@ def _import_model_code(model_dir: str) -> None:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_dir))]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+    config_class = type(AutoConfig.from_pretrained(model_dir))
+    MODEL_FOR_CAUSAL_LM_MAPPING[config_class], MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[config_class]
 
 
 def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 8,
                   num_generations: int = 8, prompt_length: int = 32, completion_length: int = 64, steps: int = 2,
-                  beta: float = 0.0, lora_r: int = 16) -> dict:
+                  beta: float = 0.0, lora_r: int = 16, reward_model: bool = False) -> dict:
     """Build one setup and run `steps` training steps; returns its parameter counts and peak memory.
 
+    reward_model: a reward model of the policy's shape (its body under a scalar head, in `dtype`) scores each step's
+    batch without gradient, as reward_model.py does, and the policy's start is kept for the drift (no copy with LoRA).
     Meant to run alone in a fresh process (`measure` does that): the peak is the process's, from its start.
     """
     from ..models import add_lora, load_model, parameter_counts, reference_policy
@@ -422,9 +448,11 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
         model = load_model(model_dir, device, dtype=dtype)
     else:
         raise ValueError(f"setup: {setup!r} is not one of {', '.join(SETUPS)}")
-    ref_model = reference_policy(model) if beta > 0 else None
+    ref_model = reference_policy(model) if beta > 0 or reward_model else None
+    scorer = _reward_model_of_shape(model_dir, device, dtype) if reward_model else None
     critic = ValueModel(model).to(device) if setup == "ppo-critic" else None
     trainable, total = parameter_counts(model)
+    total += sum(p.numel() for p in scorer.parameters()) if scorer is not None else 0  # held, not trained
     params = [p for p in model.parameters() if p.requires_grad]
     if critic is not None:
         params += list(critic.parameters())
@@ -434,6 +462,9 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
     batch, rewards = synthetic_batch(model.config.vocab_size, batch_size, prompt_length, completion_length)
     batch, rewards = {k: v.to(device) for k, v in batch.items()}, rewards.to(device)
     for _ in range(steps):
+        if scorer is not None:
+            with torch.no_grad():
+                scorer(input_ids=torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)).logits
         if critic is None:
             grpo_step(model, optimizer, batch, rewards, num_generations, ref_model, beta)
         else:
@@ -449,6 +480,19 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
     return {"setup": setup, "trainable_params": trainable, "total_params": total,
             "peak_bytes": peak_memory_bytes(device), "baseline_bytes": baseline,
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _reward_model_of_shape(model_dir: str, device, dtype: str):
+    """The policy's body under a fresh scalar head: a reward model of the same shape (reward_model.py scores it)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from ..models import DTYPES
+
+    hf_logging.set_verbosity_error()  # the new head's "newly initialized" note
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=DTYPES[dtype])
+    model.config.pad_token_id = model.config.pad_token_id or 0
+    return model.to(device).eval().requires_grad_(False)
 
 
 def measure(shape: str, setups=tuple(SETUPS), *, workdir=None, **kwargs) -> list[dict]:
@@ -513,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2, help="optimizer steps measured (2: Adam's moments exist)")
     p.add_argument("--beta", type=float, default=0.0, help="> 0 adds the reference policy (and its KL) everywhere")
     p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--reward-model", action="store_true",
+                   help="a reward model of the policy's shape scores each batch (no gradient); the start is kept for "
+                        "the drift")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--recipe", action="append", default=None,
                    help="a run's YAML config (e.g. recipes/*.yaml): print its memory floor, computed, not measured")
@@ -554,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--setups: unknown {', '.join(unknown)} (known: {', '.join(SETUPS)})")
     kwargs = dict(device=device, dtype=args.dtype, batch_size=args.batch_size, num_generations=args.num_generations,
                   prompt_length=args.prompt_length, completion_length=args.completion_length, steps=args.steps,
-                  beta=args.beta, lora_r=args.lora_r)
+                  beta=args.beta, lora_r=args.lora_r, reward_model=args.reward_model)
     import bitsandbytes
     import peft
     import transformers
@@ -562,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = f" ({torch.cuda.get_device_name()})" if device == "cuda" else ""
     print(f"device {device}{gpu}, dtype {args.dtype}, batch {args.batch_size} completions x ({args.prompt_length} "
           f"prompt + {args.completion_length} completion tokens), G={args.num_generations}, beta={args.beta}, "
-          f"LoRA r={args.lora_r}, {args.steps} steps; torch {torch.__version__}, transformers "
+          f"LoRA r={args.lora_r}, {args.steps} steps{', a reward model scoring' if args.reward_model else ''}; "
+          f"torch {torch.__version__}, transformers "
           f"{transformers.__version__}, peft {peft.__version__}, bitsandbytes {bitsandbytes.__version__}")
     everything = []
     for shape in shapes:

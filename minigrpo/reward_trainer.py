@@ -1,0 +1,328 @@
+"""Training a reward model: from a policy's samples labelled by a checker, or from preference pairs in TRL's format.
+
+    rows     TRL's preference rows (Bradley–Terry) or labelled completions (BCE)           preference/pairs.py
+             or made here: the policy samples the task's prompts, the task's checker     sample_labelled,
+             labels each completion, right is paired with wrong per prompt                 labelled_pairs
+    model    the policy's body (default: the task's warm start) under a scalar head,       run.load_policy
+             all weights, LoRA or QLoRA as the Config asks
+    loop     epochs of shuffled mini-batches: scores with the gradient, the objective's     REWARD_OBJECTIVES,
+             loss, AdamW with the Config's schedule, the gradient clipped                  preference/bradley_terry.py
+    judge    held-out pairwise accuracy and AUC                                            evaluate_reward_model
+    save     output_dir: the model and its tokenizer, which AutoModelForSequenceClassification and TRL load
+             unchanged (LoRA: merged into the weights, the adapter beside it in adapter/); metrics.jsonl, summary.json
+
+    minigrpo reward-model --out runs/rm --loss bce --learning-rate 1e-3      # sampled from the warm start
+    minigrpo train --reward-funcs runs/rm,correctness --reward-weights 1,0    # GRPO on it, the checker watched
+
+What it simplifies: one process, no checkpoints. Texts are tokenized as the GRPO trainer will score them (prompt +
+completion, no special tokens added; reward_model.py), not as TRL's RewardTrainer does (it appends eos and adds the
+tokenizer's special tokens, while TRL's GRPOTrainer scores without them): a reward model is trained on what it reads.
+
+A data format is an entry of REWARD_OBJECTIVES: how a row becomes the texts it scores and its targets, how a batch
+of token ids becomes scores, and the loss on them. A process reward model (scores at the ends of steps) adds one.
+"""
+
+import dataclasses
+import json
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_type_hints
+
+import torch
+
+from . import distributed
+from .config import Config, ConfigError, coerce_value
+from .engines import GenerateEngine
+from .metrics import json_line
+from .models import is_lora, is_quantized, load_model, load_model_and_tokenizer, peft_wrapping, resolve_device
+from .preference import bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc
+from .prompts import completions_for_rewards
+from .reward_model import RewardModel, reward_texts, sequence_scores
+from .run import claim_output_dir, load_policy, make_optimizer, policy_path, write_config
+from .tasks import get_task
+from .tasks.sources import read_dataset
+
+__all__ = ["RewardConfig", "RewardObjective", "REWARD_OBJECTIVES", "train_reward_model", "sample_labelled",
+           "labelled_pairs", "evaluate_reward_model", "save_reward_model", "epoch_batches"]
+
+
+# Config settings the reward-model and DPO loops do not honour (no sampling engine, no checkpoints, one process)
+UNSUPPORTED = {"use_vllm": False, "fsdp": "", "resume_from_checkpoint": None, "save_steps": 0, "report_to": None}
+
+
+@dataclass
+class RewardConfig:
+    """What training a reward model adds to the run's Config, with TRL's RewardConfig names where it has them."""
+
+    loss: str = "bradley_terry"  # minigrpo: "bradley_terry" on preference pairs, or "bce" on labelled completions
+    center_rewards_coefficient: float | None = None  # TRL: + c * mean (r_c + r_r)^2 (Bradley–Terry only)
+    num_train_epochs: float = 1.0  # passes over the training rows (TRL's default is 3)
+    per_device_train_batch_size: int = 64  # pairs (or labelled completions) per optimizer step (TRL's: 8)
+    max_length: int | None = 1024  # TRL: rows whose text (prompt + completion) is longer are dropped
+    # minigrpo, without a dataset: the policy's samples of this many of the task's train prompts (num_generations
+    # each, at the Config's temperature), labelled by the task's checker
+    num_prompts: int = 250
+    eval_num_prompts: int = 100  # minigrpo, without a dataset: test prompts sampled so, for held-out AUC and accuracy
+
+    def __post_init__(self):
+        if self.loss not in REWARD_OBJECTIVES:
+            raise ConfigError(f"loss: {self.loss!r} is not one of {', '.join(REWARD_OBJECTIVES)}")
+        if self.center_rewards_coefficient is not None and self.loss != "bradley_terry":
+            raise ConfigError("center_rewards_coefficient: a Bradley–Terry term; the bce loss fixes the scale itself")
+        for key in ("num_train_epochs", "per_device_train_batch_size", "num_prompts", "eval_num_prompts"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_flags(cls, values: dict) -> "RewardConfig":
+        """From {field: value} with values as strings (command-line flags) or of the field's type."""
+        hints = get_type_hints(cls)
+        return cls(**{key: coerce_value(key, value, hints[key]) for key, value in values.items()})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data formats: how a row trains
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RewardObjective:
+    """One data format: `examples(row)` -> {"prompts": [...], "completions": [...], **targets} (the texts it scores,
+    in order), `scores(model, tokenizer, ids)` -> the scores of a batch's texts, `loss(scores, examples, reward_cfg)`
+    -> (loss, stats)."""
+
+    examples: Callable[[dict], dict]
+    loss: Callable
+    scores: Callable = sequence_scores
+
+
+def _pair_example(row: dict) -> dict:
+    pair = preference_pair(row)
+    return {"prompts": [pair["prompt"]] * 2, "completions": [pair["chosen"], pair["rejected"]],
+            "margin": pair["margin"]}
+
+
+def _pair_loss(scores: torch.Tensor, examples: list[dict], reward_cfg: RewardConfig):
+    margins = [e["margin"] for e in examples]
+    margin = None if all(m is None for m in margins) else torch.tensor([m or 0.0 for m in margins]).to(scores)
+    return bradley_terry_loss(scores[0::2], scores[1::2], margin, reward_cfg.center_rewards_coefficient)
+
+
+def _labelled_example(row: dict) -> dict:
+    if "label" not in row or "completion" not in row:
+        raise ConfigError(f"loss: bce trains on labelled rows {{'prompt', 'completion', 'label'}}; got the keys "
+                          f"{sorted(row)}")
+    return {"prompts": [row["prompt"]], "completions": [row["completion"]], "label": float(row["label"])}
+
+
+def _labelled_loss(scores: torch.Tensor, examples: list[dict], reward_cfg: RewardConfig):
+    return pointwise_bce_loss(scores, torch.tensor([e["label"] for e in examples]).to(scores))
+
+
+REWARD_OBJECTIVES = {
+    "bradley_terry": RewardObjective(_pair_example, _pair_loss),
+    "bce": RewardObjective(_labelled_example, _labelled_loss),
+}
+
+
+def encode_examples(objective: RewardObjective, tokenizer, rows: list[dict], max_length: int | None,
+                    chat_template_kwargs: dict | None = None) -> list[dict]:
+    """Each row as its objective's example with "ids", the token ids of its texts as reward_model.py reads them;
+    rows with a text longer than max_length dropped (TRL)."""
+    examples = []
+    for row in rows:
+        example = objective.examples(row)
+        texts = reward_texts(tokenizer, example["prompts"], example["completions"], chat_template_kwargs)
+        example["ids"] = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        if max_length is None or max(map(len, example["ids"])) <= max_length:
+            examples.append(example)
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rows from a policy and a checker
+# ---------------------------------------------------------------------------------------------------------
+def sample_labelled(model, tokenizer, task, rows: list[dict], *, num_generations: int, max_completion_length: int,
+                    temperature: float = 1.0, chat_template_kwargs: dict | None = None,
+                    prompts_per_call: int = 64) -> list[dict]:
+    """num_generations completions of each row's prompt from `model`, each labelled by the task's checker:
+    [{"prompt", "completion", "label"}] (TRL's unpaired preference rows), grouped by prompt."""
+    engine = GenerateEngine(model, tokenizer, chat_template_kwargs)
+    labelled = []
+    for start in range(0, len(rows), prompts_per_call):
+        part = rows[start:start + prompts_per_call]
+        roll = engine.generate([r["prompt"] for r in part], num_generations=num_generations,
+                               max_completion_length=max_completion_length, temperature=temperature)
+        repeated = [r for r in part for _ in range(num_generations)]
+        completions = completions_for_rewards([r["prompt"] for r in repeated], roll.completions)
+        labelled += [{"prompt": r["prompt"], "completion": c, "label": bool(task.grade(c, r))}
+                     for r, c in zip(repeated, completions, strict=True)]
+    return labelled
+
+
+def labelled_pairs(labelled: list[dict], seed: int = 0) -> list[dict]:
+    """Preference rows from labelled ones: per prompt, right paired with wrong (preference.pair_right_with_wrong)."""
+    by_prompt = defaultdict(list)
+    for row in labelled:
+        by_prompt[json.dumps(row["prompt"])].append(row)
+    rng, pairs = random.Random(seed), []
+    for group in by_prompt.values():
+        pairs += pair_right_with_wrong(group[0]["prompt"], [r["completion"] for r in group],
+                                       [bool(r["label"]) for r in group], rng)
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Judging it
+# ---------------------------------------------------------------------------------------------------------
+def evaluate_reward_model(reward_model: RewardModel, rows: list[dict]) -> dict:
+    """Held-out quality. Preference rows: pairwise accuracy (chosen scored higher) and the AUC of chosen against
+    rejected scores. Labelled rows: the AUC of right against wrong, the accuracy of sigmoid(r) > 1/2 (meaningful
+    for a BCE-trained model), and pairwise accuracy over every right-wrong pair of the same prompt."""
+    if "chosen" in rows[0]:
+        pairs = [preference_pair(r) for r in rows]
+        chosen = torch.tensor(reward_model([p["prompt"] for p in pairs], [p["chosen"] for p in pairs]))
+        rejected = torch.tensor(reward_model([p["prompt"] for p in pairs], [p["rejected"] for p in pairs]))
+        labels = torch.cat([torch.ones(len(pairs)), torch.zeros(len(pairs))])
+        return {"pairwise_accuracy": (chosen > rejected).float().mean().item(), "num_pairs": len(pairs),
+                "auc": roc_auc(torch.cat([chosen, rejected]), labels)}
+    scores = torch.tensor(reward_model([r["prompt"] for r in rows], [r["completion"] for r in rows]))
+    labels = torch.tensor([bool(r["label"]) for r in rows])
+    by_prompt = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_prompt[json.dumps(row["prompt"])].append(i)
+    wins = [(scores[i] > scores[j]).item() for group in by_prompt.values() for i in group for j in group
+            if labels[i] and not labels[j]]
+    return {"auc": roc_auc(scores, labels), "accuracy": ((scores > 0) == labels).float().mean().item(),
+            "pairwise_accuracy": sum(wins) / len(wins) if wins else math.nan, "num_pairs": len(wins),
+            "num_completions": len(rows)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------------------
+def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, train_rows: list[dict] | None = None,
+                       eval_rows: list[dict] | None = None, progress: bool = True) -> dict:
+    """Train a reward model and save it into cfg.output_dir; returns the summary (also summary.json).
+
+    From the Config: model_name_or_path (the body to start from; default the task's shipped warm start), task,
+    dataset_name (TRL-format rows: preference pairs for bradley_terry, labelled completions for bce; its test split
+    judges), use_peft / load_in_4bit / lora_* / dtype, seed, learning_rate and its schedule, AdamW's settings,
+    max_grad_norm, eval_steps, output_dir, device; without rows or a dataset, num_generations, temperature and
+    max_completion_length for the policy's samples (`rows_from_policy`). train_rows, eval_rows: the rows themselves.
+    """
+    reward_cfg = reward_cfg or RewardConfig()
+    if distributed.launched_processes() > 1:
+        raise ConfigError("train_reward_model: one process only")
+    for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
+        if getattr(cfg, key) != default:
+            raise ConfigError(f"{key}: not supported by train_reward_model")
+    out = claim_output_dir(cfg)  # before any work: another run's results there are refused (or overwrite_output_dir)
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    if train_rows is None:
+        train_rows, eval_rows = load_rows(cfg, reward_cfg, device)
+    model, tokenizer = load_policy(cfg, policy_path(cfg, get_task(cfg.task)), device, num_labels=1)
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # where the model finds the last token
+    objective = REWARD_OBJECTIVES[reward_cfg.loss]
+    examples = encode_examples(objective, tokenizer, train_rows, reward_cfg.max_length, cfg.chat_template_kwargs)
+    if not examples:
+        raise ConfigError("train_reward_model: no training rows (none given, or all longer than max_length)")
+    batch_size = reward_cfg.per_device_train_batch_size
+    num_steps = max(1, round(math.ceil(len(examples) / batch_size) * reward_cfg.num_train_epochs))
+    optimizer, scheduler = make_optimizer(dataclasses.replace(cfg, max_steps=num_steps),
+                                          [p for p in model.parameters() if p.requires_grad])
+    judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
+    write_config(out, cfg, algorithm="reward_model", reward=reward_cfg.to_dict())
+    (out / "metrics.jsonl").write_text("")
+    log, t_start = [], time.perf_counter()
+    for step, rows in enumerate(epoch_batches(len(examples), batch_size, num_steps, cfg.seed), start=1):
+        t0, batch = time.perf_counter(), [examples[i] for i in rows]
+        model.train()
+        scores = objective.scores(model, tokenizer, [ids for e in batch for ids in e["ids"]])
+        loss, stats = objective.loss(scores.float(), batch, reward_cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+        optimizer.step()
+        row = {"step": step, "epoch": step * batch_size / len(examples), "loss": loss.item(), **stats,
+               "grad_norm": grad_norm, "learning_rate": scheduler.get_last_lr()[0],
+               "step_seconds": time.perf_counter() - t0}
+        scheduler.step()
+        if eval_rows and cfg.eval_steps and (step % cfg.eval_steps == 0 or step == num_steps):
+            row.update({f"eval/{k}": v for k, v in judge().items()})
+        log.append(row)
+        _log_line(out, row, progress)
+    summary = {"loss": reward_cfg.loss, "train_rows": len(examples), "steps": num_steps,
+               "wall_seconds": round(time.perf_counter() - t_start, 2), "eval": judge() if eval_rows else None,
+               "output_dir": str(out)}
+    save_reward_model(model, tokenizer, out, base=policy_path(cfg, get_task(cfg.task)), dtype=cfg.dtype)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def load_rows(cfg: Config, reward_cfg: RewardConfig, device) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows): cfg.dataset_name's splits, else the policy's labelled samples of the task's
+    prompts (pairs for bradley_terry; held out: labelled completions of test prompts)."""
+    if cfg.dataset_name:
+        return (read_dataset(cfg.dataset_name, cfg.dataset_train_split, cfg.dataset_config),
+                read_dataset(cfg.dataset_name, cfg.dataset_test_split, cfg.dataset_config))
+    task = get_task(cfg.task)
+    model, tokenizer = load_model_and_tokenizer(policy_path(cfg, task), device, dtype=cfg.dtype)
+    rng = random.Random(cfg.seed)
+
+    def sample(split: str, num_prompts: int) -> list[dict]:
+        rows = task.load(split)
+        return sample_labelled(model, tokenizer, task, rng.sample(rows, min(num_prompts, len(rows))),
+                               num_generations=cfg.num_generations, temperature=cfg.temperature,
+                               max_completion_length=cfg.max_completion_length or task.max_completion_length,
+                               chat_template_kwargs=cfg.chat_template_kwargs)
+
+    train = sample(cfg.dataset_train_split, reward_cfg.num_prompts)
+    held_out = sample(cfg.dataset_test_split, reward_cfg.eval_num_prompts)
+    return (labelled_pairs(train, cfg.seed) if reward_cfg.loss == "bradley_terry" else train), held_out
+
+
+def epoch_batches(num_rows: int, batch_size: int, num_steps: int, seed: int):
+    """num_steps mini-batches of row indices: the rows shuffled each epoch (seeded), cut in batch_size pieces (a
+    batch that would run past an epoch's end is completed from the next epoch's shuffle)."""
+    rng, order = random.Random(seed), []
+    for _ in range(num_steps):
+        while len(order) < min(batch_size, num_rows) or not order:
+            fresh = list(range(num_rows))
+            rng.shuffle(fresh)
+            order += fresh
+        batch, order = order[:batch_size], order[batch_size:]
+        yield batch
+
+
+def _log_line(out: Path, row: dict, progress: bool) -> None:
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json_line(row))
+    if progress and "eval/auc" in row:
+        print(f"reward model step {row['step']:4d}  loss {row['loss']:.4f}  held-out AUC {row['eval/auc']:.3f}  "
+              f"pairwise accuracy {row['eval/pairwise_accuracy']:.3f}", flush=True)
+
+
+def save_reward_model(model, tokenizer, out, *, base, dtype: str = "float32") -> None:
+    """The reward model in `out` as AutoModelForSequenceClassification (and TRL) load it: its weights and config
+    (pad_token_id set), its tokenizer (padding on the right, as it reads). LoRA: merged into the weights, the adapter
+    kept in out/adapter; QLoRA: merged into the float base reloaded from `base` (a 4-bit weight cannot hold W + BA)."""
+    tokenizer.padding_side = "right"
+    if is_lora(model):
+        from peft import PeftModel
+
+        model.save_pretrained(out / "adapter")
+        if is_quantized(model):
+            with peft_wrapping():
+                model = PeftModel.from_pretrained(load_model(base, "cpu", dtype=dtype, num_labels=1), out / "adapter")
+        model = model.merge_and_unload()
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
