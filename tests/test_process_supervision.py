@@ -1,0 +1,338 @@
+"""Process supervision end to end: step rewards returned by a reward function (step_rewards.py), mapped to tokens,
+mixed with the outcome, turned into per-token advantages (advantages.py's "process" estimator) and trained on, from
+train() and the CLI, with tool tokens kept out of the loss; and the step checkers, on hostile completions too."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from minigrpo.advantages import (AdvantageInputs, compute_advantages, group_advantages, prefix_step_rewards,
+                                 process_advantages)
+from minigrpo.collect import sample_round
+from minigrpo.config import Config, ConfigError
+from minigrpo.rewards import RewardError, StepRewards, score_completions
+from minigrpo.rollout import rollout_from_ids
+from minigrpo.step_rewards import arithmetic_steps, step_tensors, step_token_ends, token_starts
+from minigrpo.tasks import get_task
+from minigrpo.tasks.think_addition import scratchpad_steps
+from minigrpo.tokenizer import build_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def process_advantages_by_the_formula(step_rewards, step_end, step_mask, group_size, T, eps=1e-4):
+    """A_{i,t} = sum_{index(i,k) >= t} r~_i^k, written with the (N, T, K) tensor the package avoids."""
+    N, K = step_rewards.shape
+    out = torch.zeros(N, T)
+    for g in range(N // group_size):
+        rows = slice(g * group_size, (g + 1) * group_size)
+        R = step_rewards[rows][step_mask[rows].bool()]
+        spread = R.numel() > 0 and R.max() > R.min()
+        norm = (step_rewards[rows] - R.mean()) / (R.std(unbiased=False) + eps) if spread else 0 * step_rewards[rows]
+        t = torch.arange(T).view(1, -1, 1)
+        out[rows] = (norm.unsqueeze(1) * (step_end[rows].unsqueeze(1) >= t) * step_mask[rows].unsqueeze(1)).sum(-1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The estimator
+# ---------------------------------------------------------------------------------------------------------------
+def test_process_advantages_equal_the_formula():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        G, P, K, T = 3, 2, 4, 7
+        step_rewards = torch.randint(0, 3, (P * G, K), generator=gen).float()
+        step_end = torch.randint(-2, T + 3, (P * G, K), generator=gen)  # before token 0 and beyond T too
+        step_mask = (torch.rand(P * G, K, generator=gen) < 0.7).float()
+        got = process_advantages(step_rewards, step_end, step_mask, G, T)
+        want = process_advantages_by_the_formula(step_rewards, step_end, step_mask, G, T)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_step_rewards():
+    nan = math.nan
+    got = prefix_step_rewards(torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, nan, nan], [0.9, 0.6, 0.8, nan]]))
+    assert got[0].tolist() == [1.0, 0.0, 0.0, 0.0]  # every step after the first error gets 0
+    assert got[1, :2].tolist() == [1.0, 1.0] and got[1, 2:].isnan().all()
+    assert got[2, :3].tolist() == pytest.approx([0.9, 0.6, 0.6])
+
+
+def test_process_without_steps_is_grpo_with_the_population_std():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    adv, zero_std = compute_advantages(AdvantageInputs(rewards, 3, torch.ones(6)), "process")
+    assert adv.tolist() == pytest.approx(group_advantages(rewards, 3, std="population")[0].tolist())
+    assert zero_std.tolist() == [False] * 3 + [True] * 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step rewards from reward functions, and where they end in tokens
+# ---------------------------------------------------------------------------------------------------------------
+def two_steps(prompts, completions, **row):
+    return [StepRewards([1.0, 0.0], [1, len(c)]) if c else None for c in completions]
+
+
+def test_score_completions_takes_step_rewards_and_keeps_plain_functions():
+    plain = lambda prompts, completions, **row: [0.5] * len(completions)  # noqa: E731
+    steps = {}
+    per_func, unscorable = score_completions([plain, two_steps], ["p"] * 3, ["ab", "", "xyz"], {}, steps=steps)
+    assert per_func[:, 0].tolist() == [0.5] * 3
+    assert per_func[0, 1].item() == 0.5 and per_func[1, 1].isnan() and per_func[2, 1].item() == 0.5  # the mean
+    assert list(steps) == [1] and steps[1][1] is None and steps[1][2].ends == (1, 3)
+    assert not unscorable.any()
+
+
+@pytest.mark.parametrize("value, words", [
+    (StepRewards([1.0], [5]), "within the text's 2 characters"),
+    (StepRewards([1.0, 1.0], [2, 1]), "must rise"),
+    (StepRewards([1.0], [1, 2]), "1 step rewards for 2 step ends"),
+    (StepRewards(["1"], [1]), "must be numbers"),
+    (StepRewards([1.0], [1.5]), "integer character offsets"),
+    (0.5, "StepRewards for some completions"),
+])
+def test_bad_step_rewards_are_one_line_errors(value, words):
+    def bad(prompts, completions, **row):
+        return [StepRewards([1.0], [1]), value]
+
+    with pytest.raises(RewardError, match=words) as error:
+        score_completions([bad], ["p", "p"], ["ab", "cd"], {})
+    assert "'bad'" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_two_step_functions_are_refused_and_nan_steps_are_unscorable():
+    with pytest.raises(RewardError, match="both return step rewards"):
+        score_completions([two_steps, two_steps], ["p"], ["ab"], {})
+    nan_steps = lambda prompts, completions, **row: [StepRewards([math.nan], [1]), StepRewards([1.0], [1])]  # noqa
+    _, unscorable = score_completions([nan_steps], ["p"] * 2, ["ab", "cd"], {})
+    assert unscorable.tolist() == [True, False]
+
+
+def test_token_starts_and_step_ends_on_the_character_tokenizer():
+    tok = build_tokenizer()
+    text = "<think>1+6=7,</think>7"
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # <think> one token, then characters
+    (starts,) = token_starts(tok, [text], [ids])
+    assert starts == [0, 7, 8, 9, 10, 11, 12, 13, 21, 22]  # the eos holds no character: it starts at the end
+    # "<think>1+6=7," ends at 13 -> the "," (token 6); the answer ends at the end of the text -> the eos (token 9)
+    assert step_token_ends((13, 21, 22), starts, len(text)) == [6, 7, 9]
+
+
+def test_token_starts_on_a_bpe_tokenizer_even_for_a_tokenization_it_would_not_pick(chat_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_model_dir)
+    text = "The answer is 42.\n"
+    canonical = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    spelled = [tok.convert_tokens_to_ids(t) for t in tok.convert_ids_to_tokens(canonical[:-1])]
+    by_bytes = sum((tok(ch, add_special_tokens=False)["input_ids"] for ch in text), []) + [tok.eos_token_id]
+    assert spelled == canonical[:-1] and by_bytes != canonical
+    for ids in (canonical, by_bytes):
+        (starts,) = token_starts(tok, [text], [ids])
+        assert starts == [len(tok.decode(ids[:k], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Through sample_round: a hand-made batch of think_addition completions
+# ---------------------------------------------------------------------------------------------------------------
+class ScriptedEngine:
+    """Returns the given completions, G per prompt, in order."""
+
+    def __init__(self, tokenizer, completions):
+        self.tokenizer, self.completions = tokenizer, completions
+
+    def generate(self, prompts, *, num_generations, max_completion_length, **sampling):
+        tok = self.tokenizer
+        ids = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in self.completions]
+        return rollout_from_ids([tok(p)["input_ids"] for p in prompts], ids, tok, [tok.eos_token_id],
+                                num_generations, max_completion_length)
+
+
+GROUP = ["<think>1+6=7,7+8=15,4+5+1=10</think>1057",  # all right
+         "<think>1+6=7,7+8=14,4+5+1=10</think>1047",  # the second step and the answer wrong
+         "<think></think>1157",  # no scratchpad, wrong answer
+         "<think>1+6=7,7+8=15,4+5+1=10</think>1057"]
+# Token indices of each step's end (the "," / "</think>" closing it, then the eos): <think> is token 0.
+STEP_ENDS = [[6, 13, 22, 27], [6, 13, 22, 27], [6], [6, 13, 22, 27]]
+STEP_REWARDS = [[1, 1, 1, 1], [1, 0, 1, 0], [0], [1, 1, 1, 1]]
+
+
+def hand_made_batch(reward_funcs, weights=(1.0,), **overrides):
+    task, tok = get_task("think_addition"), build_tokenizer()
+    cfg = Config(advantage_estimator="process", num_generations=4, generation_batch_size=4, **overrides)
+    return sample_round(cfg, ScriptedEngine(tok, GROUP), [{"prompt": "471+586=", "answer": "1057"}], reward_funcs,
+                        list(weights), task.max_completion_length)
+
+
+def hand_tensors(extra_step=None):
+    K = 4 + (extra_step is not None)
+    rewards, ends, mask = torch.zeros(4, K), torch.zeros(4, K, dtype=torch.long), torch.zeros(4, K)
+    for i, (r, e) in enumerate(zip(STEP_REWARDS, STEP_ENDS)):
+        rewards[i, :len(r)], ends[i, :len(e)], mask[i, :len(r)] = torch.tensor(r).float(), torch.tensor(e), 1
+        if extra_step is not None:
+            rewards[i, -1], ends[i, -1], mask[i, -1] = extra_step[i], e[-1], 1
+    return rewards, ends, mask
+
+
+def test_a_hand_made_batch_gets_the_advantages_of_process_advantages():
+    task = get_task("think_addition")
+    batch = hand_made_batch([task.step_reward])
+    rewards, ends, mask = hand_tensors()
+    T = batch.completion_ids.shape[1]
+    assert batch.step_end[:, :4].masked_fill(~mask.bool(), 0).tolist() == ends.tolist()
+    assert batch.adv.shape == (4, T)
+    torch.testing.assert_close(batch.adv, process_advantages(rewards, ends, mask, 4, T))
+    # Row 1 slips at "7+8=14," (tokens 7-13): its tokens are pushed down the most, less so the right steps around it
+    # (each token carries the steps from its own to the answer); the right answer's tokens in row 0 are pushed up.
+    slip = batch.adv[1, 7:14]
+    assert slip.max() < batch.adv[1, :7].min() and slip.max() < batch.adv[1, 14:27].min() and batch.adv[0, 24] > 0
+
+
+def test_prefix_scheme_and_an_outcome_function_mix_as_documented():
+    task = get_task("think_addition")
+    prefixed = hand_made_batch([task.step_reward], prefix_step_rewards=True)
+    rewards, ends, mask = hand_tensors()
+    T = prefixed.completion_ids.shape[1]
+    want = process_advantages(prefix_step_rewards(rewards.masked_fill(~mask.bool(), math.nan)).nan_to_num(0.0),
+                              ends, mask, 4, T)
+    torch.testing.assert_close(prefixed.adv, want)
+    # The step function at weight 0.5 and correctness at weight 2: the outcome is one more step at the eos.
+    mixed = hand_made_batch([task.step_reward, task.correctness_reward], weights=(0.5, 2.0))
+    correct = [2.0, 0.0, 0.0, 2.0]
+    rewards, ends, mask = hand_tensors(extra_step=correct)
+    rewards[:, :4] *= 0.5
+    torch.testing.assert_close(mixed.adv, process_advantages(rewards, ends, mask, 4, T))
+    assert mixed.rewards_per_func[:, 0].tolist() == [1.0, 0.5, 0.0, 1.0]  # the step function's mean
+
+
+def test_a_group_whose_steps_are_all_equal_teaches_nothing():
+    task = get_task("think_addition")
+    global GROUP
+    saved, GROUP = GROUP, [GROUP[0]] * 4
+    try:
+        batch = hand_made_batch([task.step_reward])
+    finally:
+        GROUP = saved
+    assert (batch.adv == 0).all() and batch.zero_std.all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training: train(), the CLI, tools, and what the config refuses
+# ---------------------------------------------------------------------------------------------------------------
+SHORT = dict(max_steps=1, num_generations=4, generation_batch_size=16, eval_steps=0, eval_limit=8, eval_num_samples=0,
+             save_model=False)
+
+
+def test_train_from_the_cli_logs_the_process_metrics(tmp_path, capsys):
+    from minigrpo.cli import main
+
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SHORT.items()]
+    assert main(["train", "--advantage-estimator", "process", "--reward-funcs", "steps", "--prefix-step-rewards",
+                 "true", "--out", str(tmp_path / "run"), *flags]) == 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 1
+    for line in lines:
+        assert 0 < line["process/step_accuracy"] < 1 and line["process/adv_token_abs_mean"] > 0
+        assert line["process/frac_groups_with_signal"] == pytest.approx(1 - line["frac_reward_zero_std"])
+        assert 1 <= line["process/first_error_step"] and line["process/adv_token_std"] > 0
+    record = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[0])
+    assert all(c["step_rewards"] for c in record["completions"])
+
+
+def test_train_with_tools_keeps_the_tool_tokens_out_of_the_loss(tmp_path, chat_model_dir, monkeypatch):
+    import test_tools_training as tools_test
+
+    from minigrpo import trainer
+    from minigrpo.objectives import policy_loss
+    from minigrpo.tasks.tool_addition import add
+
+    def steps_at_each_line(prompts, completions, completion_text, **row):
+        # One step per line of the whole multi-turn text (tool answers included), reward 1 when it holds a digit.
+        out = []
+        for text in completion_text:
+            ends = [i + 1 for i, ch in enumerate(text) if ch == "\n"] + [len(text)]
+            starts = [0] + ends[:-1]
+            out.append(StepRewards([float(any(c.isdigit() for c in text[a:b])) for a, b in zip(starts, ends)], ends))
+        return out
+
+    seen = []
+
+    def checking_policy_loss(logp, old_logp, adv, mask, **kw):
+        loss, stats = policy_loss(logp, old_logp, adv, mask, **kw)
+        noisy = adv + 100.0 * torch.randn_like(adv) * (mask == 0)  # any advantage on the tool's tokens and padding
+        assert torch.allclose(policy_loss(logp, old_logp, noisy, mask, **kw)[0], loss)
+        seen.append((adv.shape, mask.clone()))
+        return loss, stats
+
+    monkeypatch.setattr(trainer, "make_engine",
+                        lambda cfg, model, tokenizer, *a, **k: tools_test.FirstTurnCalls(model, tokenizer))
+    monkeypatch.setattr(trainer, "policy_loss", checking_policy_loss)
+    cfg = tools_test.config(tmp_path, chat_model_dir, advantage_estimator="process")
+    trainer.train(cfg, reward_funcs=[steps_at_each_line], tools=[add], progress=False)
+    assert seen and all(len(shape) == 2 for shape, _ in seen)
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["tools/tool_tokens_mean"] > 0 and "process/step_accuracy" in line
+
+
+@pytest.mark.parametrize("settings, words", [
+    (dict(loss_type="gmpo"), "one advantage per completion"),
+    (dict(kl_in_reward=True, beta=0.1), "kl_in_reward"),
+    (dict(dynamic_sampling=True), "dynamic_sampling"),
+    (dict(advantage_estimator="grpo", prefix_step_rewards=True), "prefix_step_rewards"),
+])
+def test_the_config_refuses_what_process_supervision_cannot_go_with(settings, words):
+    with pytest.raises(ConfigError, match=words):
+        Config(**{"advantage_estimator": "process", **settings})
+
+
+def test_process_without_a_step_function_warns_and_trains_on_the_outcome():
+    task = get_task("think_addition")
+    with pytest.warns(UserWarning, match="no reward function returned step rewards"):
+        from minigrpo.collect import _warn_if_nothing_to_learn
+
+        batch = hand_made_batch([task.correctness_reward])
+        _warn_if_nothing_to_learn(batch, 48, "process")
+    assert batch.adv.tolist() == pytest.approx(group_advantages(batch.rewards, 4, std="population")[0].tolist())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The step checkers
+# ---------------------------------------------------------------------------------------------------------------
+def test_think_addition_steps_by_hand():
+    assert scratchpad_steps("471+586=", GROUP[1]) == StepRewards((1.0, 0.0, 1.0, 0.0), (13, 20, 36, 40))
+    assert scratchpad_steps("471+586=", GROUP[2]) == StepRewards((0.0,), (19,))  # only the answer
+    # the true incoming carry: "4+5=10" forgets the carry of 7+8=15, "4+5+1=9" has the wrong sum
+    assert scratchpad_steps("471+586=", "<think>1+6=7,7+8=15,4+5=10</think>1057").rewards == (1, 1, 0, 1)
+    assert scratchpad_steps("471+586=", "<think>1+6=7,7+8=15,4+5+1=9</think>1057").rewards == (1, 1, 0, 1)
+    assert scratchpad_steps("471+586=", "<think>1+6=7,7+8").rewards == (1.0, 0.0)  # unfinished: answer only after
+    assert scratchpad_steps("hello", "<think></think>1") is None
+
+
+HOSTILE = ["", " ", "<think>", "</think>", "<think></think>", ",,,,", "<think>,,,,</think>", "<eos><pad><bos>",
+           "<think>" + "9" * 50_000 + "</think>" + "9" * 50_000, "__import__('os').system('echo pwned')",
+           "<think>1+6=7,1e999999=1e999999,9**9**9**9=0</think>(lambda: 1)()", "\x00\udcff\n\t",
+           "<think>1+6=7," * 2000]
+
+
+@pytest.mark.parametrize("completion", HOSTILE, ids=range(len(HOSTILE)))
+def test_the_step_checkers_survive_hostile_completions(completion, capfd):
+    steps = scratchpad_steps("471+586=", completion)
+    assert steps.problem(len(completion)) is None and steps.rewards[-1] == 0.0 and len(steps) >= 1
+    (chain,) = arithmetic_steps(["p"], [completion])
+    assert chain.problem(len(completion)) is None and len(chain) >= 1
+    assert "pwned" not in capfd.readouterr().out
+
+
+def test_arithmetic_steps_by_hand():
+    text = "12 * 3 = 36\n36 + 5 = 41\n\n41 - 1 = 39\nx = 1\n7 / 2 = 3.5 = 14 / 4\nprint(1) = 1"
+    (steps,) = arithmetic_steps(["p"], [[{"role": "assistant", "content": text}]])
+    assert steps.rewards == (1.0, 1.0, 0.0, 0.0, 1.0, 0.0)
+    assert steps.ends == (12, 24, 37, 43, 64, len(text))
+    (nothing,) = arithmetic_steps(["p"], ["\n\n"])
+    assert nothing == StepRewards((0.0,), (2,))
+
+
+def test_step_tensors_pad_with_nan():
+    rewards, ends = step_tensors([StepRewards([1.0, 0.0], [1, 2]), None], [[0, 1, 2], [0]], [2, 0])
+    assert rewards[0].tolist() == [1.0, 0.0] and rewards[1].isnan().all()
+    assert ends.tolist() == [[0, 2], [0, 0]]
