@@ -336,3 +336,65 @@ def test_step_tensors_pad_with_nan():
     rewards, ends = step_tensors([StepRewards([1.0, 0.0], [1, 2]), None], [[0, 1, 2], [0]], [2, 0])
     assert rewards[0].tolist() == [1.0, 0.0] and rewards[1].isnan().all()
     assert ends.tolist() == [[0, 2], [0, 0]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A process reward model: the hub convention (Qwen2.5-Math-PRM), on the stand-in
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def standin_prm(tmp_path_factory):
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from minigrpo.lab.standin import make_standin_process_reward_model
+
+    path = make_standin_process_reward_model(tmp_path_factory.mktemp("prm"))
+    return AutoModelForTokenClassification.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def qwen_model_card_scores(model, tokenizer, question: str, steps: list[str]) -> list[float]:
+    """Qwen2.5-Math-PRM's model card, one response at a time: the steps joined by <extra_0> in the chat template,
+    the softmax's second class at each <extra_0> (its make_step_rewards)."""
+    messages = [{"role": "system", "content": "Please reason step by step, and put your final answer within \\boxed{}."},
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"}]
+    conversation = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    input_ids = tokenizer.encode(conversation, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    token_masks = input_ids == tokenizer.encode("<extra_0>")[0]
+    probabilities = torch.nn.functional.softmax(logits, dim=-1) * token_masks.unsqueeze(-1)
+    return probabilities[0][probabilities[0] != 0].view(-1, 2)[:, 1].tolist()
+
+
+def test_split_steps():
+    from minigrpo.process_reward_model import split_steps
+
+    assert split_steps("Add 2 and 3.\n\n2 + 3 = 5.\n\n") == (["Add 2 and 3.", "2 + 3 = 5."], [14, 26])
+    assert split_steps("a\n\n\n\nb") == (["a", "b"], [3, 6])
+    assert split_steps("") == ([""], [0]) and split_steps("\n\n") == ([""], [2])
+
+
+def test_a_process_reward_model_scores_steps_as_the_hub_convention_does(standin_prm):
+    from minigrpo.process_reward_model import ProcessRewardModel
+
+    model, tokenizer = standin_prm
+    prm = ProcessRewardModel(model, tokenizer, batch_size=2)  # 3 completions: a padded batch, then one alone
+    completions = ["Add 2 and 3.\n\n2 + 3 = 5.\n\nThe answer is 5.", "It is 6.", "Think.\n\n\n\nDone<extra_0>\n\n"]
+    steps = prm(["What is 2 + 3?"] * 3, completions)
+    assert [s.ends for s in steps] == [(14, 26, 42), (8,), (8, 25)]
+    for s, text in zip(steps, completions):
+        pieces = [p.strip().replace("<extra_0>", "") for p in text.split("\n\n") if p.strip()]
+        want = qwen_model_card_scores(model, tokenizer, "What is 2 + 3?", pieces)
+        assert list(s.rewards) == pytest.approx(want, abs=1e-5) and all(0 < p < 1 for p in s.rewards)
+
+
+def test_a_process_reward_model_trains_through_the_same_path(tmp_path, chat_model_dir, standin_prm):
+    import test_tools_training as tools_test
+
+    from minigrpo.process_reward_model import ProcessRewardModel
+    from minigrpo.trainer import train
+
+    cfg = tools_test.config(tmp_path, chat_model_dir, advantage_estimator="process", max_steps=1)
+    train(cfg, reward_funcs=[ProcessRewardModel(*standin_prm)], progress=False)
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0 < line["process/step_accuracy"] < 1 and line["rewards/process_reward_model/mean"] > 0
