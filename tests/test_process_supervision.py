@@ -398,3 +398,21 @@ def test_a_process_reward_model_trains_through_the_same_path(tmp_path, chat_mode
     train(cfg, reward_funcs=[ProcessRewardModel(*standin_prm)], progress=False)
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert 0 < line["process/step_accuracy"] < 1 and line["rewards/process_reward_model/mean"] > 0
+
+
+def test_the_credit_table_counts_tokens_by_step_and_answer():
+    from minigrpo.lab.credit import credit_table, format_credit_table, token_steps
+
+    # Two completions of 4 tokens: steps end at tokens 1 and 3 (row 0: right, wrong) and at 3 (row 1: right).
+    step_rewards = torch.tensor([[1.0, 0.0], [1.0, math.nan]])
+    step_end = torch.tensor([[1, 3], [3, 0]])
+    index, right = token_steps(step_rewards, step_end, 4)
+    assert index.tolist() == [[0, 0, 1, 1], [0, 0, 0, 0]]
+    assert right.tolist() == [[True, True, False, False], [True] * 4]
+    adv = {"outcome": torch.tensor([-1.0, 1.0]), "process": torch.tensor([[0.5, 0.5, -1.0, 0.0], [1.0] * 4])}
+    rows = credit_table(adv, step_rewards, step_end, torch.ones(2, 4), answer_right=torch.tensor([False, True]))
+    wrong_right = next(r for r in rows if r["answer"] == "wrong" and r["step"] == "right")
+    assert wrong_right["tokens"] == 2 and wrong_right["outcome"]["down"] == 1.0 and wrong_right["process"]["up"] == 1.0
+    wrong_wrong = next(r for r in rows if r["answer"] == "wrong" and r["step"] == "wrong")
+    assert wrong_wrong["process"]["down"] == 0.5 and wrong_wrong["process"]["zero"] == 0.5
+    assert "outcome: up / down / 0" in format_credit_table(rows)
