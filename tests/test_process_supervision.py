@@ -416,3 +416,17 @@ def test_the_credit_table_counts_tokens_by_step_and_answer():
     wrong_wrong = next(r for r in rows if r["answer"] == "wrong" and r["step"] == "wrong")
     assert wrong_wrong["process"]["down"] == 0.5 and wrong_wrong["process"]["zero"] == 0.5
     assert "outcome: up / down / 0" in format_credit_table(rows)
+
+
+def test_long_addition_is_think_addition_with_long_operands_always_worked_out():
+    import random
+
+    task = get_task("long_addition")
+    rows = task.load("test")
+    assert len(rows) == 500 and all(all(7 <= len(x) <= 8 for x in r["prompt"][:-1].split("+")) for r in rows)
+    rng = random.Random(0)
+    for row in rows[:20]:
+        target = task.target_completion(row, rng)
+        steps = scratchpad_steps(row["prompt"], target)
+        assert target.startswith("<think>") and len(steps) in (8, 9) and set(steps.rewards) == {1.0}
+        assert len(build_tokenizer()(target)["input_ids"]) < task.max_completion_length
