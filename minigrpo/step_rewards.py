@@ -35,6 +35,14 @@ that function does not apply to; a NaN or inf step reward makes the completion u
 `arithmetic_steps` is a step checker for any chain of equations; think_addition's (tasks/think_addition.py) checks
 its scratchpad. Neither evaluates the model's text: numbers are compared as strings, or parsed by the calculator
 tool's parser (tools/builtin.py), which walks the syntax tree and allows only arithmetic.
+
+**Grade the steps a problem has, not only the steps written.** Token t's advantage sums the normalised rewards of the
+steps after it, so where a step is more often wrong than the group's mean, *not writing it* raises the advantage of
+everything before: a checker that grades only what is written rewards skipping the hard steps. Measured on
+long_addition (7-8 columns, the warm start's written steps ~50% right) with such a checker: completions shrank from
+64 to 33 tokens within 50 steps, the policy wrote the first columns and stopped, and greedy accuracy fell from 13% to
+0% by step 10. think_addition's checker therefore counts a column not written as a wrong step; `arithmetic_steps`
+cannot know how many steps a chain needs, so pair it with an outcome reward and watch the length.
 """
 
 import bisect
@@ -118,8 +126,8 @@ def arithmetic_steps(prompts, completions, **row) -> list[StepRewards]:
         "12 * 3 = 36\\n36 + 5 = 41\\n41 - 1 = 39"   ->   rewards (1.0, 1.0, 0.0), ends (12, 24, 35)
 
     A step ends after its newline (the last one at the end of the text). A completion with no non-blank line is one
-    step of reward 0 covering the whole text (nothing shown, nothing right). Checks the steps, not the answer:
-    pair it with an outcome reward (e.g. correctness) for the final answer."""
+    step of reward 0 covering the whole text (nothing shown, nothing right). Checks the steps written, not the answer
+    nor the steps a chain would need (module docstring): pair it with an outcome reward (e.g. correctness)."""
     from .rewards import completion_text
 
     texts = row.get("completion_text") or [completion_text(c) for c in completions]

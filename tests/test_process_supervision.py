@@ -153,8 +153,9 @@ GROUP = ["<think>1+6=7,7+8=15,4+5+1=10</think>1057",  # all right
          "<think></think>1157",  # no scratchpad, wrong answer
          "<think>1+6=7,7+8=15,4+5+1=10</think>1057"]
 # Token indices of each step's end (the "," / "</think>" closing it, then the eos): <think> is token 0.
-STEP_ENDS = [[6, 13, 22, 27], [6, 13, 22, 27], [6], [6, 13, 22, 27]]
-STEP_REWARDS = [[1, 1, 1, 1], [1, 0, 1, 0], [0], [1, 1, 1, 1]]
+# Row 2 writes no column: three wrong steps ending at its "</think>" (token 1), then its wrong answer.
+STEP_ENDS = [[6, 13, 22, 27], [6, 13, 22, 27], [1, 1, 1, 6], [6, 13, 22, 27]]
+STEP_REWARDS = [[1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
 
 
 def hand_made_batch(reward_funcs, weights=(1.0,), **overrides):
@@ -165,7 +166,7 @@ def hand_made_batch(reward_funcs, weights=(1.0,), **overrides):
 
 
 def hand_tensors(extra_step=None):
-    K = 4 + (extra_step is not None)
+    K = 4 + (extra_step is not None)  # every row has 4 steps: 3 columns and the answer
     rewards, ends, mask = torch.zeros(4, K), torch.zeros(4, K, dtype=torch.long), torch.zeros(4, K)
     for i, (r, e) in enumerate(zip(STEP_REWARDS, STEP_ENDS)):
         rewards[i, :len(r)], ends[i, :len(e)], mask[i, :len(r)] = torch.tensor(r).float(), torch.tensor(e), 1
@@ -300,11 +301,12 @@ def test_process_without_a_step_function_warns_and_trains_on_the_outcome():
 # ---------------------------------------------------------------------------------------------------------------
 def test_think_addition_steps_by_hand():
     assert scratchpad_steps("471+586=", GROUP[1]) == StepRewards((1.0, 0.0, 1.0, 0.0), (13, 20, 36, 40))
-    assert scratchpad_steps("471+586=", GROUP[2]) == StepRewards((0.0,), (19,))  # only the answer
+    # no scratchpad: each column a wrong step where the scratchpad ends, then the answer
+    assert scratchpad_steps("471+586=", GROUP[2]) == StepRewards((0.0, 0.0, 0.0, 0.0), (15, 15, 15, 19))
     # the true incoming carry: "4+5=10" forgets the carry of 7+8=15, "4+5+1=9" has the wrong sum
     assert scratchpad_steps("471+586=", "<think>1+6=7,7+8=15,4+5=10</think>1057").rewards == (1, 1, 0, 1)
     assert scratchpad_steps("471+586=", "<think>1+6=7,7+8=15,4+5+1=9</think>1057").rewards == (1, 1, 0, 1)
-    assert scratchpad_steps("471+586=", "<think>1+6=7,7+8").rewards == (1.0, 0.0)  # unfinished: answer only after
+    assert scratchpad_steps("471+586=", "<think>1+6=7,7+8") == StepRewards((1.0, 0.0, 0.0, 0.0), (13, 16, 16, 16))
     assert scratchpad_steps("hello", "<think></think>1") is None
 
 

@@ -85,23 +85,26 @@ class ThinkAdditionTask(Task):
 
 
 def scratchpad_steps(prompt: str, completion: str) -> StepRewards | None:
-    """The steps of a completion to ``prompt``, each 1.0 if right: step k is right only if it is exactly column
-    k's ``dx+dy[+1]=s`` (the prompt's digits, the true incoming carry, the sum), and the answer is one more step.
+    """The steps of a completion to ``prompt``, each 1.0 if right: one step per column of the sum, right only if it
+    is exactly column k's ``dx+dy[+1]=s`` (the prompt's digits, the true incoming carry, the sum), and the answer as
+    one more step.
 
         scratchpad_steps("471+586=", "<think>1+6=7,7+8=14,4+5+1=10</think>1047")
         -> rewards (1.0, 0.0, 1.0, 0.0), ends (13, 20, 36, 40)
 
-    A step ends after its separator ("," or ``</think>``; the first step holds ``<think>``), the answer at the end of
-    the text. Only steps whose separator was written count: an unfinished scratchpad's last piece, or a completion
-    that does not open with ``<think>``, leaves the rest to the answer step, which is then wrong. Steps beyond the
-    prompt's columns are wrong. The text is compared with strings, never evaluated. None for a prompt that is not
-    ``a+b=``."""
+    A written step ends after its separator ("," or ``</think>``; the first step holds ``<think>``), the answer at the
+    end of the text. Every column is a step: a column the scratchpad does not write is a wrong step ending where the
+    scratchpad ends (so ``<think></think>1057`` has three wrong steps and a right answer), and a step beyond the
+    columns is wrong. Without that, skipping the hard columns would be rewarded: under process supervision a step
+    not written cannot be below the group's mean. Only steps whose separator was written count: an unfinished
+    scratchpad's last piece, or a completion that does not open with ``<think>``, leaves the rest to the answer step,
+    which is then wrong. The text is compared with strings, never evaluated. None for a prompt that is not ``a+b=``."""
     match = _PROMPT.fullmatch(prompt.strip())
     if match is None:
         return None
     a, b = (int(x) for x in match.groups())
     expected = scratchpad(a, b).split(",")
-    rewards, ends = [], []
+    rewards, ends, scratch_end = [], [], 0
     if completion.startswith(THINK_OPEN):
         close = completion.find(THINK_CLOSE)
         body = completion[len(THINK_OPEN):close if close >= 0 else len(completion)]
@@ -114,8 +117,10 @@ def scratchpad_steps(prompt: str, completion: str) -> StepRewards | None:
             position += len(piece) + (len(THINK_CLOSE) if last else 1)
             rewards.append(float(k < len(expected) and piece == expected[k]))
             ends.append(position)
-    answer = str(a + b)
-    rewards.append(float(ThinkAdditionTask().is_correct(completion, answer)))
+        scratch_end = close + len(THINK_CLOSE) if close >= 0 else len(completion)
+    missing = max(len(expected) - len(rewards), 0)  # columns never written: wrong, where the scratchpad ends
+    rewards, ends = rewards + [0.0] * missing, ends + [scratch_end] * missing
+    rewards.append(float(ThinkAdditionTask().is_correct(completion, str(a + b))))
     ends.append(len(completion))
     return StepRewards(rewards, ends)
 
