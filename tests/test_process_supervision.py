@@ -432,3 +432,8 @@ def test_long_addition_is_think_addition_with_long_operands_always_worked_out():
         steps = scratchpad_steps(row["prompt"], target)
         assert target.startswith("<think>") and len(steps) in (8, 9) and set(steps.rewards) == {1.0}
         assert len(build_tokenizer()(target)["input_ids"]) < task.max_completion_length
+
+
+def test_the_checker_that_grades_only_written_steps():
+    assert scratchpad_steps("471+586=", "<think></think>1157", grade_missing=False) == StepRewards((0.0,), (19,))
+    assert scratchpad_steps("471+586=", GROUP[1], grade_missing=False) == scratchpad_steps("471+586=", GROUP[1])

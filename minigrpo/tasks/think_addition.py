@@ -84,7 +84,7 @@ class ThinkAdditionTask(Task):
                 for p, c in zip(prompts, completions)]
 
 
-def scratchpad_steps(prompt: str, completion: str) -> StepRewards | None:
+def scratchpad_steps(prompt: str, completion: str, *, grade_missing: bool = True) -> StepRewards | None:
     """The steps of a completion to ``prompt``, each 1.0 if right: one step per column of the sum, right only if it
     is exactly column k's ``dx+dy[+1]=s`` (the prompt's digits, the true incoming carry, the sum), and the answer as
     one more step.
@@ -98,7 +98,8 @@ def scratchpad_steps(prompt: str, completion: str) -> StepRewards | None:
     columns is wrong. Without that, skipping the hard columns would be rewarded: under process supervision a step
     not written cannot be below the group's mean. Only steps whose separator was written count: an unfinished
     scratchpad's last piece, or a completion that does not open with ``<think>``, leaves the rest to the answer step,
-    which is then wrong. The text is compared with strings, never evaluated. None for a prompt that is not ``a+b=``."""
+    which is then wrong. The text is compared with strings, never evaluated. None for a prompt that is not ``a+b=``.
+    grade_missing=False grades the written steps only (the checker that gets gamed, notebook 11)."""
     match = _PROMPT.fullmatch(prompt.strip())
     if match is None:
         return None
@@ -118,7 +119,7 @@ def scratchpad_steps(prompt: str, completion: str) -> StepRewards | None:
             rewards.append(float(k < len(expected) and piece == expected[k]))
             ends.append(position)
         scratch_end = close + len(THINK_CLOSE) if close >= 0 else len(completion)
-    missing = max(len(expected) - len(rewards), 0)  # columns never written: wrong, where the scratchpad ends
+    missing = max(len(expected) - len(rewards), 0) if grade_missing else 0  # never written: wrong, where it ends
     rewards, ends = rewards + [0.0] * missing, ends + [scratch_end] * missing
     rewards.append(float(ThinkAdditionTask().is_correct(completion, str(a + b))))
     ends.append(len(completion))
