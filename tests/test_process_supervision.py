@@ -240,6 +240,32 @@ def test_train_from_the_cli_logs_the_process_metrics(tmp_path, capsys):
     assert all(c["step_rewards"] for c in record["completions"])
 
 
+def steps_by_keyword(completions, prompts, **row):
+    """think_addition's step checker behind parameters in another order than TRL's: it works only if called by
+    keyword, as reward functions are."""
+    return get_task("think_addition").step_reward(prompts=prompts, completions=completions, **row)
+
+
+def test_grpo_trainer_trains_on_step_rewards_as_train_does(tmp_path):
+    from minigrpo import GRPOConfig, GRPOTrainer
+    from minigrpo.trainer import train
+
+    model = str(get_task("think_addition").model_dir)
+    args = GRPOConfig(str(tmp_path / "trl"), task="think_addition", advantage_estimator="process", max_steps=1,
+                      per_device_train_batch_size=16, num_generations=4, seed=0, eval_steps=0, eval_limit=8,
+                      eval_num_samples=0, save_model=False, disable_tqdm=True, max_completion_length=None)
+    GRPOTrainer(model=model, reward_funcs=steps_by_keyword, args=args).train()
+    train(Config(**SHORT, task="think_addition", advantage_estimator="process", reward_funcs=["steps"],
+                 output_dir=str(tmp_path / "train")), progress=False)
+    (front,), (plain,) = ([json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+                          for run in ("trl", "train"))
+    assert 0 < front["process/step_accuracy"] < 1 and front["process/adv_token_abs_mean"] > 0
+    for key in ("reward", "process/step_accuracy", "process/adv_token_abs_mean", "frac_reward_zero_std"):
+        assert front[key] == plain[key], key  # the same prompts, samples and per-token advantages
+    saved = (tmp_path / "trl" / "config.yaml").read_text()
+    assert "advantage_estimator: process" in saved and "steps_by_keyword" in saved
+
+
 def test_train_with_tools_keeps_the_tool_tokens_out_of_the_loss(tmp_path, chat_model_dir, monkeypatch):
     import test_tools_training as tools_test
 
