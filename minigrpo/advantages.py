@@ -30,11 +30,12 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["group_advantages", "rloo_advantages", "process_advantages", "kl_penalized_rewards",
+__all__ = ["group_advantages", "rloo_advantages", "process_advantages", "prefix_step_rewards", "kl_penalized_rewards",
            "reinforce_pp_advantages", "reinforce_pp_baseline_advantages", "opo_advantages",
            "grpo_passk_advantages", "pass_at_k_advantages", "gpg_advantages", "normalize_then_sum_advantages",
            "gfpo_keep", "maxrl_advantages", "remax_advantages", "optimal_token_baseline_advantages",
-           "AdvantageInputs", "ADVANTAGE_ESTIMATORS", "ESTIMATOR_NEEDS", "register_advantage", "compute_advantages"]
+           "AdvantageInputs", "ADVANTAGE_ESTIMATORS", "ESTIMATOR_NEEDS", "register_advantage", "compute_advantages",
+           "process_supervision"]
 
 
 def _nan_std(x: torch.Tensor, dim: int, *, unbiased: bool) -> torch.Tensor:
@@ -156,6 +157,10 @@ def process_advantages(
 
         A_{i,t} = sum_{index(i,k) >= t} r~_i^k
 
+    Computed without a (N, T, K) tensor: each step's r~ is added at its end token, then summed from the right
+    (a reverse cumulative sum over t). A step that ends at or beyond T counts for every token; one that ends
+    before token 0 (index < 0) for none.
+
     Args:
         step_rewards: (N, K) rewards per step, padded.
         step_end:     (N, K) long, token index at which each step ends (inclusive), padded with anything.
@@ -167,15 +172,26 @@ def process_advantages(
         normalisation; a group whose step rewards are all equal gets 0).
     """
     N, K = step_rewards.shape
-    valid = step_mask.bool()
-    r = step_rewards.float().masked_fill(~valid, float("nan")).view(-1, group_size * K)  # (P, G*K)
+    valid = step_mask.bool() & (step_end >= 0)
+    r = step_rewards.float().masked_fill(~step_mask.bool(), float("nan")).view(-1, group_size * K)  # (P, G*K)
     mean = r.nanmean(dim=1, keepdim=True)
     sd = _nan_std(r, 1, unbiased=False).unsqueeze(1)
     norm = ((r - mean) / (sd + eps)).nan_to_num(0.0)
     norm = norm.masked_fill(_all_equal(r, 1).unsqueeze(1), 0.0).view(N, K)  # (N, K)
-    t = torch.arange(num_tokens, device=step_rewards.device)  # (T,)
-    ends_at_or_after = step_end.unsqueeze(1) >= t.view(1, -1, 1)  # (N, T, K)
-    return (norm.unsqueeze(1) * ends_at_or_after * valid.unsqueeze(1)).sum(-1)  # (N, T)
+    at_end = torch.zeros(N, num_tokens + 1, dtype=norm.dtype, device=norm.device)  # (N, T+1), column T: "beyond"
+    at_end.scatter_add_(1, step_end.clamp(0, num_tokens).long(), norm * valid)  # r~ placed on its step's end
+    return at_end.flip(1).cumsum(1).flip(1)[:, :num_tokens]  # (N, T) sum over the steps ending at or after t
+
+
+def prefix_step_rewards(step_rewards: torch.Tensor) -> torch.Tensor:
+    """Each step's reward -> the lowest reward of the steps up to it (in order; NaN padding at the end of a row).
+
+        r'_i^k = min_{j <= k} r_i^j
+
+    With 0/1 step rewards, every step after the first wrong one gets 0 (the "prefix" scheme: a step counts as right
+    only when every step before it is right too); a process reward model's probabilities become those of the
+    prefix's weakest step. Shape (N, K) -> (N, K)."""
+    return torch.cummin(step_rewards.nan_to_num(math.inf), dim=1).values.masked_fill(step_rewards.isnan(), math.nan)
 
 
 def kl_penalized_rewards(
@@ -566,6 +582,11 @@ class AdvantageInputs:
     old_logp: torch.Tensor | None = None  # (N, T) "token_stats": log pi_old of each sampled token ...
     sum_pi_squared: torch.Tensor | None = None  # (N, T) ... sum_v pi_old(v)^2 at its position ...
     mask: torch.Tensor | None = None  # (N, T) ... and the policy's tokens (tool output 0)
+    # process supervision (advantage_estimator "process"): the steps of each completion, the outcome the last one
+    step_rewards: torch.Tensor | None = None  # (N, K) each step's reward, NaN where a completion has no k-th step
+    step_end: torch.Tensor | None = None  # (N, K) long, the token index where each step ends
+    num_tokens: int = 0  # T, the width of the completion tensor the (N, T) advantages are for
+    prefix_steps: bool = False  # each step's reward the lowest so far (prefix_step_rewards)
 
     @property
     def token_mask(self) -> torch.Tensor:
@@ -618,12 +639,27 @@ register_advantage("tir_optimal_token_baseline", needs=("token_stats",))(
                                                 policy_tokens_only=True))
 
 
+@register_advantage("process")
+def process_supervision(x: AdvantageInputs) -> torch.Tensor:
+    """Process supervision, (N, T) per-token advantages from the batch's step rewards (process_advantages): the
+    steps of the function that grades them and, as one more step at the last token, the outcome (collect.py and
+    step_rewards.py say how they are gathered); with prefix_steps, each step's reward is first the lowest so far.
+
+    Without step rewards the outcome is the only step, at the last token: every token of a completion gets the
+    completion's normalised reward, which is GRPO's advantage with the population std, returned as (N,)."""
+    if x.step_rewards is None:
+        return group_advantages(x.rewards, x.group_size, std="population")[0]
+    steps = prefix_step_rewards(x.step_rewards) if x.prefix_steps else x.step_rewards
+    return process_advantages(steps.nan_to_num(0.0), x.step_end, ~steps.isnan(), x.group_size, x.num_tokens)
+
+
 def compute_advantages(x: AdvantageInputs, estimator: str = "grpo", *, rewards_per_func: torch.Tensor | None = None,
                        reward_weights: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(adv, zero_std (N,)) of the batch: the estimator's advantages ((N,), or (N, T) for a per-token estimator), or
     GDPO's from each reward function's rewards when rewards_per_func (N, F) is given
     (multi_objective_aggregation="normalize_then_sum"). zero_std marks the groups whose rewards are all equal
-    (frac_reward_zero_std), whatever the estimator."""
+    (frac_reward_zero_std), whatever the estimator; for process supervision, the groups where no token's advantage
+    differs from 0."""
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"advantage_estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}")
     fields = {"greedy_rewards": ("greedy_rewards",), "token_stats": ("old_logp", "sum_pi_squared", "mask")}
@@ -634,4 +670,7 @@ def compute_advantages(x: AdvantageInputs, estimator: str = "grpo", *, rewards_p
     zero_std = _all_equal(rewards.view(-1, x.group_size), 1).repeat_interleave(x.group_size)
     if rewards_per_func is not None:
         return normalize_then_sum_advantages(rewards_per_func, x.group_size, torch.tensor(reward_weights)), zero_std
-    return ADVANTAGE_ESTIMATORS[estimator](x), zero_std
+    adv = ADVANTAGE_ESTIMATORS[estimator](x)
+    if estimator == "process" and adv.dim() == 2:  # the steps, not the rewards, vary: no signal = every token at 0
+        zero_std = (adv == 0).view(-1, x.group_size * adv.shape[1]).all(1).repeat_interleave(x.group_size)
+    return adv, zero_std

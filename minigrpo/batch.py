@@ -30,7 +30,9 @@ class Batch:
     rows: list  # each completion's dataset row
     tool_mask: torch.Tensor | None = None  # (N, T) 1 = sampled by the policy, 0 = written by a tool; None: no tools
     sampling_logp: torch.Tensor | None = None  # (N, T) the engine's log-probs (vLLM), or None
-    adv: torch.Tensor | None = None  # (N,) advantage, or (N, T) per token (the optimal token baseline)
+    adv: torch.Tensor | None = None  # (N,) advantage, or (N, T) per token (process, optimal token baseline)
+    step_rewards: torch.Tensor | None = None  # (N, K) process supervision: each step's reward, NaN past a row's steps
+    step_end: torch.Tensor | None = None  # (N, K) the token index where each step ends (step_rewards.py)
     zero_std: torch.Tensor | None = None  # (N,) True where the group's rewards are all equal
     tool_counts: dict = field(default_factory=dict)  # (N,) tensors: calls, failed, turns (with tools)
     messages: list | None = None  # with tools: each completion as TRL's messages (what reward functions get)

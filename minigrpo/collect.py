@@ -13,6 +13,7 @@ takes values.
 import warnings
 
 import torch
+import torch.nn.functional as F
 
 from . import advantages, distributed
 from .advantages import gfpo_keep, kl_penalized_rewards
@@ -22,6 +23,7 @@ from .engines import sampling_options
 from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
+from .step_rewards import step_tensors, steps_with_outcome, token_starts
 
 __all__ = ["collect_batch", "sample_round"]
 
@@ -54,17 +56,26 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(roll.completion_ids, roll.completion_mask)]
     if tools and roll.environments is not None:  # TRL's name: reward functions read each completion's environment
         columns["environments"] = roll.environments
+    if tools:  # the whole multi-turn text, which step rewards' character offsets index (step_rewards.py)
+        columns["completion_text"] = roll.completions
     completions = roll.messages if tools else completions_for_rewards(prompts, roll.completions)
     say(f"scoring {len(completions)} completions with {len(reward_funcs)} reward function(s)")
-    rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns)
+    graded_steps = {}  # {j: each completion's StepRewards} from the function j that grades steps, if any
+    rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns, steps=graded_steps)
+    steps = _step_tensors(engine.tokenizer, roll, columns["completion_ids"], graded_steps)  # (N, K) each, or None
+    if steps is not None:  # a step reward beyond float32 (inf) makes its completion unscorable, as a reward does
+        unscorable = unscorable | steps[0].isinf().any(1)
     rewards = combine_rewards(rewards_per_func, unscorable, reward_weights)  # (N,), NaN = unscorable
     greedy_rewards = None
     if "greedy_rewards" in needs:
         N = len(prompt_rows) * G
         greedy_rewards, rewards, rewards_per_func = rewards[N:], rewards[:N], rewards_per_func[:N]
+        steps = None if steps is None else (steps[0][:N], steps[1][:N])
         roll, rows = roll.select(torch.arange(N)), rows[:N]
     batch = Batch(roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask, roll.is_truncated,
                   rewards, rewards_per_func, roll.completions, rows, sampling_logp=roll.sampling_logp)
+    if steps is not None:
+        batch.step_rewards, batch.step_end = steps[0].masked_fill(rewards.isnan().unsqueeze(1), float("nan")), steps[1]
     if tools:
         batch.tool_mask, batch.messages = roll.tool_mask, roll.messages
         batch.tool_counts = {"calls": roll.num_tool_calls, "failed": roll.num_failed_calls,
@@ -85,14 +96,17 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     if "token_stats" in needs:
         say("log pi and sum pi^2 of the sampled tokens (the sampling policy, no gradient)")
         token_stats = _token_stats(cfg, policy, batch)
-    batch.adv, batch.zero_std = _advantages(cfg, batch, G, reward_weights, greedy_rewards, token_stats)
+    batch.adv, batch.zero_std = _advantages(cfg, batch, G, reward_weights, greedy_rewards, token_stats,
+                                            step_func=next(iter(graded_steps), None))
     return batch
 
 
-def _advantages(cfg, batch: Batch, G: int, reward_weights, greedy_rewards, token_stats) -> tuple:
+def _advantages(cfg, batch: Batch, G: int, reward_weights, greedy_rewards, token_stats, step_func: int | None = None
+                ) -> tuple:
     """(adv, zero_std) of this rank's rows. Advantages need the group's rewards (always on this rank) or, for
     scale_rewards="batch", the whole batch's: with several processes, gather every rank's rewards (and what the
-    estimator reads besides), then keep this rank's share. adv is (N,), or (N, T) for a per-token estimator."""
+    estimator reads besides), then keep this rank's share. adv is (N,), or (N, T) for a per-token estimator.
+    step_func: the reward function that graded steps (process supervision), if one did."""
     lengths = batch.policy_mask.sum(-1).cpu()  # (N,) the policy's tokens, for the estimators that weigh by length
     gathered = [torch.cat(distributed.gather_objects(x)) for x in (batch.rewards, lengths, batch.rewards_per_func)]
     x = advantages.AdvantageInputs(gathered[0], G, gathered[1], cfg.scale_rewards, cfg.std_type, cfg.pass_k)
@@ -100,6 +114,11 @@ def _advantages(cfg, batch: Batch, G: int, reward_weights, greedy_rewards, token
         x.greedy_rewards = torch.cat(distributed.gather_objects(greedy_rewards))  # (P * W,)
     if token_stats is not None:  # (N, T) each, padded to the widest rank's T
         x.old_logp, x.sum_pi_squared, x.mask = (_gather_padded(t) for t in (*token_stats, batch.policy_mask.cpu()))
+    if batch.step_rewards is not None:  # process supervision: the graded steps, the outcome one more step
+        trained = steps_with_outcome(batch.step_rewards, batch.step_end, batch.rewards_per_func, batch.rewards,
+                                     batch.completion_mask, reward_weights, step_func=step_func)
+        x.step_rewards, x.step_end, x.num_tokens = _gathered(*trained, batch.completion_ids.shape[1])
+        x.prefix_steps = cfg.prefix_step_rewards
     gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # GDPO: each reward function normalised alone
     adv, zero_std = advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
                                                   rewards_per_func=gathered[2] if gdpo else None)
@@ -129,6 +148,27 @@ def _gather_padded(x: torch.Tensor) -> torch.Tensor:
     parts = distributed.gather_objects(x)
     width = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+def _step_tensors(tokenizer, roll, ids: list[list[int]], graded_steps: dict
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The graded steps as (step_rewards, step_end), (N, K) each, every step's end mapped from characters to the
+    completion's tokens (ids) through the tokenizer's offsets (step_rewards.py); None when no function graded steps."""
+    if not graded_steps:
+        return None
+    (steps,) = graded_steps.values()
+    return step_tensors(steps, token_starts(tokenizer, roll.completions, ids), [len(t) for t in roll.completions])
+
+
+def _gathered(step_rewards: torch.Tensor, step_end: torch.Tensor, num_tokens: int
+              ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Every process's step tensors, padded to the most steps (K), and the widest completion tensor (T): what the
+    per-token estimator computes on. One process: its own tensors and T."""
+    gathered = distributed.gather_objects((step_rewards, step_end, num_tokens))
+    K = max(r.shape[1] for r, _, _ in gathered)
+    pad = lambda x, fill: F.pad(x, (0, K - x.shape[1]), value=fill)  # noqa: E731
+    return (torch.cat([pad(r, float("nan")) for r, _, _ in gathered]), torch.cat([pad(e, 0) for _, e, _ in gathered]),
+            max(t for _, _, t in gathered))
 
 
 def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None, with_greedy: bool = False):
@@ -167,7 +207,7 @@ def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, rewar
     # The logged zero-std fraction is of what was *sampled*, so that dynamic sampling does not hide it.
     batch.zero_std_sampled = torch.cat(zero_std_sampled)
     batch.sampling_rounds = len(zero_std_sampled)
-    _warn_if_nothing_to_learn(batch, max_len)
+    _warn_if_nothing_to_learn(batch, max_len, cfg.advantage_estimator)
     return batch
 
 
@@ -186,8 +226,12 @@ def _dynamic_sampling(first: Batch, sample, max_rounds: int, pad_id: int) -> tup
     return Batch.concat(kept, pad_id, size), zero_std_sampled
 
 
-def _warn_if_nothing_to_learn(batch: Batch, max_len: int) -> None:
+def _warn_if_nothing_to_learn(batch: Batch, max_len: int, estimator: str) -> None:
     """Python's warnings say each of these once per run (same words every time)."""
+    if estimator == "process" and batch.step_rewards is None:
+        warnings.warn("advantage_estimator 'process': no reward function returned step rewards (StepRewards), so the "
+                      "outcome is the only step: GRPO with the population std; add a step checker to reward_funcs "
+                      "(steps, arithmetic_steps, or your own: minigrpo/step_rewards.py)", stacklevel=3)
     if batch.is_truncated.float().mean() > 0.5:  # the classic trap: the answer never fits, every reward is 0
         warnings.warn(f"over half of a batch's completions reached max_completion_length={max_len} without an eos; "
                       f"cut-off answers usually score 0 and teach nothing: raise max_completion_length", stacklevel=3)

@@ -109,7 +109,8 @@ class Config:
     # the tool wrote, the classic multi-turn bug). Never set it to train a model.
     train_on_tool_output: bool = False
     # --- rewards and advantages ---
-    # names (correctness, format, r1_format, r1_format_soft, overlong, random) or your own as module:function or
+    # names (correctness, format, r1_format, r1_format_soft, overlong, random; step checkers for process supervision:
+    # steps, the task's own, arithmetic_steps, any chain of equations) or your own as module:function or
     # path/to/file.py:function, with TRL's signature (rewards.build_reward_funcs), or a reward model's directory
     # (a sequence-classification model, scored as TRL scores it: reward_model.py)
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
@@ -118,9 +119,13 @@ class Config:
     std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
     # an entry of advantages.ADVANTAGE_ESTIMATORS: "grpo" (group z-score), "rloo" (leave-one-out), verl's
     # reinforce_plus_plus, reinforce_plus_plus_baseline, opo, grpo_passk, gpg, remax (a greedy completion per prompt
-    # as baseline), optimal_token_baseline and tir_optimal_token_baseline (per token), prime-rl's max_rl, or
-    # pass_at_k (minigrpo)
+    # as baseline), optimal_token_baseline and tir_optimal_token_baseline (per token), prime-rl's max_rl,
+    # pass_at_k (minigrpo), or "process" (minigrpo: process supervision, per-token advantages from a step reward
+    # function's steps, step_rewards.py)
     advantage_estimator: str = "grpo"
+    # minigrpo, with advantage_estimator "process": each step's reward becomes the lowest so far (a 0/1 checker's steps
+    # after the first error get 0, the outcome included): the "prefix" scheme
+    prefix_step_rewards: bool = False
     pass_k: int = 4  # minigrpo: k of advantage_estimator="pass_at_k" (Pass@k Training's analytic advantage)
     # "sum_then_normalize" (GRPO) or "normalize_then_sum" (GDPO: each reward normalised in its group, then summed)
     multi_objective_aggregation: str = "sum_then_normalize"
@@ -350,8 +355,24 @@ class Config:
         if "token_stats" in needs and get_loss(self.loss_type).sequence_advantages_only:
             raise ConfigError(f"advantage_estimator: {self.advantage_estimator} gives one advantage per token; "
                               f"loss_type {self.loss_type} needs one per completion")
+        if self.advantage_estimator == "process":
+            self._validate_process()
+        elif self.prefix_step_rewards:
+            raise ConfigError("prefix_step_rewards: changes the steps of advantage_estimator 'process'; set it too")
         if self.sync_ref_model:
             self._validate_reference_refresh()
+
+    def _validate_process(self) -> None:
+        """What per-token advantages from step rewards cannot go with."""
+        if get_loss(self.loss_type).sequence_advantages_only:
+            raise ConfigError(f"loss_type: {self.loss_type} takes one advantage per completion; advantage_estimator "
+                              "'process' gives one per token")
+        if self.kl_in_reward:
+            raise ConfigError("kl_in_reward: the KL penalty is folded into the outcome reward, not into the steps of "
+                              "advantage_estimator 'process'; use the KL term of the loss (beta > 0, kl_in_reward false)")
+        if self.dynamic_sampling:
+            raise ConfigError("dynamic_sampling: not with advantage_estimator 'process' (its batches of per-token "
+                              "advantages are not stacked across sampling rounds)")
 
     def _validate_batch_split(self) -> None:
         """The batch splits into mini-batches and micro-batches of whole completions."""

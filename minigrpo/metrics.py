@@ -10,13 +10,24 @@ Names follow TRL's GRPOTrainer where TRL logs the same quantity, so its users fi
     entropy, clip_ratio/low_mean|high_mean|region_mean, kl, grad_norm, loss, learning_rate
 
 and minigrpo's own: accuracy (the task's grader on the training samples), frac_reward_nan, advantages/* and
-`advantages` (every completion's, for the histograms), completions/mean_length_correct|incorrect (the length of
-right and wrong answers: where length drift shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds
-(dynamic sampling), sampling/* (vLLM's log-probs against the trainer's), step_seconds, generate_seconds,
-tokens_per_second, eval/accuracy_greedy; with fp16, grad_scaler/skipped_steps (optimizer steps of this step
-skipped because the scaled gradients overflowed float16; grad_norm averages the steps taken) and grad_scaler/scale;
-with a learned reward (reward_model.py), drift/kl (KL(pi || pi_init) per completion, in nats: kl.sequence_kl) and
-drift/d = sqrt(drift/kl).
+`advantages` (every completion's, for the histograms; per-token advantages: each completion's mean over its
+tokens), completions/mean_length_correct|incorrect (the length of right and wrong answers: where length drift
+shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds (dynamic sampling), sampling/* (vLLM's
+log-probs against the trainer's), step_seconds, generate_seconds, tokens_per_second, eval/accuracy_greedy; with fp16,
+grad_scaler/skipped_steps (optimizer steps of this step skipped because the scaled gradients overflowed float16;
+grad_norm averages the steps taken) and grad_scaler/scale; with a learned reward (reward_model.py), drift/kl
+(KL(pi || pi_init) per completion, in nats: kl.sequence_kl) and drift/d = sqrt(drift/kl).
+
+When a reward function grades steps (process supervision, step_rewards.py), whatever the estimator:
+
+    process/step_accuracy                  the mean step reward over every graded step (a 0/1 checker's accuracy)
+    process/frac_completions_with_error    completions with a step whose reward is below 0.5 (wrong, for 0/1)
+    process/first_error_step               among those, the mean position of the first such step (1 = the first)
+    process/frac_groups_with_signal        groups whose advantages are not all 0 (1 - frac_reward_zero_std)
+    process/adv_token_abs_mean|std         mean |A_t| and the std of A_t over the policy's tokens of the batch
+
+With advantage_estimator "process", frac_reward_zero_std counts the groups whose every token's advantage is 0 (all
+their step rewards equal), the groups that teach nothing.
 """
 
 import json
@@ -27,13 +38,15 @@ import torch
 
 from . import distributed
 
-__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "finite_or_none"]
+__all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "finite_or_none",
+           "step_counts", "process_metrics"]
 
 def gather_batch(batch, task) -> dict:
     """What step_metrics reads of a Batch, as CPU tensors, concatenated over the processes in rank order (so
     in the order a one-process run holds the same prompts). With one process: this batch's. Lengths count the
     policy's own tokens (tool output left out); with tools, each completion's calls, failed calls and tool turns."""
     correct = [task.grade(c, r) for c, r in zip(batch.completions, batch.rows)]
+    policy_mask, adv = batch.policy_mask.cpu(), batch.adv.cpu()
     mine = {
         "rewards": batch.rewards.cpu(), "adv": batch.completion_adv.cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
         "lengths": batch.policy_mask.sum(1).cpu(), "is_truncated": batch.is_truncated.cpu(),
@@ -43,8 +56,38 @@ def gather_batch(batch, task) -> dict:
     }
     if batch.tool_mask is not None:
         mine["tool_tokens"] = (batch.completion_mask * (1 - batch.tool_mask)).sum(1).cpu()
+    if batch.step_rewards is not None:
+        mine.update(step_counts(batch.step_rewards.cpu(), adv, policy_mask))
     ranks = distributed.gather_objects(mine)
     return {key: torch.cat([r[key] for r in ranks]) for key in mine}
+
+
+def step_counts(step_rewards: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Per completion, what the process/* metrics sum over the batch: its graded steps, their rewards' sum, the
+    position of the first step below 0.5 (0: none), and its per-token advantages' count, sum, |sum| and square sum
+    over the policy's tokens. step_rewards (N, K), NaN past a row's steps; adv (N,) or (N, T); mask (N, T)."""
+    graded = ~step_rewards.isnan()
+    wrong = graded & (step_rewards < 0.5)
+    first_error = torch.where(wrong.any(1), wrong.float().argmax(1) + 1, 0)  # argmax: the first True
+    token_adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv) * mask  # (N, T), 0 off the policy's tokens
+    return {"steps": graded.sum(1), "steps_reward": step_rewards.nansum(1), "first_error": first_error,
+            "adv_tokens": mask.sum(1), "adv_sum": token_adv.sum(1), "adv_abs_sum": token_adv.abs().sum(1),
+            "adv_sq_sum": (token_adv ** 2).sum(1)}
+
+
+def process_metrics(batch: dict) -> dict:
+    """The process/* metrics (module docstring) from step_counts' sums over the gathered batch."""
+    with_error = batch["first_error"] > 0
+    tokens = batch["adv_tokens"].sum().clamp(min=1)
+    mean = batch["adv_sum"].sum() / tokens
+    return {
+        "process/step_accuracy": (batch["steps_reward"].sum() / batch["steps"].sum().clamp(min=1)).item(),
+        "process/frac_completions_with_error": with_error.float().mean().item(),
+        "process/first_error_step": batch["first_error"][with_error].float().mean().item() if with_error.any() else None,
+        "process/frac_groups_with_signal": 1.0 - batch["zero_std_sampled"].float().mean().item(),
+        "process/adv_token_abs_mean": (batch["adv_abs_sum"].sum() / tokens).item(),
+        "process/adv_token_std": (batch["adv_sq_sum"].sum() / tokens - mean ** 2).clamp(min=0).sqrt().item(),
+    }
 
 
 def gather_stats(step_stats: list[dict]) -> list[dict]:
@@ -96,6 +139,8 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
         row["tools/failure_frequency"] = batch["tool_failed"].sum().item() / max(calls.sum().item(), 1.0)
         row["tools/turns_mean"] = batch["tool_turns"].float().mean().item()
         row["tools/tool_tokens_mean"] = batch["tool_tokens"].float().mean().item()
+    if "steps" in batch:  # a reward function graded steps (process supervision)
+        row.update(process_metrics(batch))
     for j, name in enumerate(reward_names):
         col = batch["rewards_per_func"][:, j]
         row[f"rewards/{name}/mean"] = col.nanmean().item()

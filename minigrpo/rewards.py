@@ -9,6 +9,11 @@ A reward function is plain Python with TRL's signature:
 apply" (the function is skipped for that completion). The task's own checkers (`correctness`, `format`)
 live with the task in minigrpo/tasks/; the ones here work for any task.
 
+For process supervision a function may return, for a completion, `StepRewards(rewards, ends)` instead of a
+float: each reasoning step's reward and the character offset where it ends (step_rewards.py, which also says how
+step and outcome rewards mix). Its entry in rewards/<name>/mean is then its mean step reward. Plain float-returning
+functions are unchanged.
+
 Policy for bad values: a NaN or inf reward marks an unscorable completion. It is kept out of its group's
 baseline and gets advantage 0 (see advantages.py), and the trainer counts it (`frac_reward_nan`).
 A function that raises, returns the wrong number of values or a non-number stops training with a one-line
@@ -25,9 +30,10 @@ import torch
 from .user_code import callable_name, load_callable
 
 from .errors import MinigrpoError
+from .step_rewards import StepRewards, arithmetic_steps
 
-__all__ = ["RewardError", "completion_text", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled", "load_reward_func",
-           "score_completions", "combine_rewards", "reward_func_name"]
+__all__ = ["RewardError", "StepRewards", "completion_text", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled",
+           "load_reward_func", "score_completions", "combine_rewards", "reward_func_name"]
 
 RewardFunc = Callable[..., list]
 
@@ -144,8 +150,14 @@ def score_completions(
     prompts: list[str],
     completions: list[str],
     rows: dict[str, list],
+    *,
+    steps: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Call every reward function on the batch. `rows` maps column name -> list of N values.
+
+    A function j may return, for a completion, StepRewards (step_rewards.py: process supervision) instead of a
+    float; its entry is then the mean of its step rewards, and `steps`, when given (a dict), receives
+    steps[j] = each completion's StepRewards (None where it has no step). At most one function may return steps.
 
     Returns:
         rewards_per_func: (N, F) float, NaN where a function returned None ("does not apply").
@@ -154,29 +166,62 @@ def score_completions(
     n = len(completions)
     out = torch.full((n, len(reward_funcs)), float("nan"))
     unscorable = torch.zeros(n, dtype=torch.bool)
+    step_func = None
     for j, func in enumerate(reward_funcs):
         values = _call(func, prompts, completions, rows)
         if len(values) != n:
             raise RewardError(f"reward function {_name(func)!r} returned {len(values)} values for {n} completions")
+        if any(isinstance(v, StepRewards) for v in values):
+            if step_func is not None:
+                raise RewardError(f"reward functions {step_func!r} and {_name(func)!r} both return step rewards; "
+                                  f"one function may grade the steps (add the other's steps to it)")
+            step_func, graded = _name(func), []
+            values = _step_means(func, values, _texts(completions, rows), graded)
+            if steps is not None:
+                steps[j] = graded
         for i, v in enumerate(values):
             if v is None:
                 continue
-            if isinstance(v, (str, bytes)):  # float("1") would work, but a string is a bug in the function
-                raise RewardError(f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}")
-            try:
-                v = float(v)  # also numpy / torch scalars and bools
-            except OverflowError:
-                v = math.inf  # an int beyond float range
-            except (TypeError, ValueError, RuntimeError):
-                raise RewardError(
-                    f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}"
-                ) from None
-            stored = torch.tensor(v, dtype=out.dtype)  # 1e39 is finite in Python but inf in float32
+            stored = torch.tensor(_number(func, i, v), dtype=out.dtype)  # 1e39 is finite in Python, inf in float32
             if torch.isfinite(stored):
                 out[i, j] = stored
             else:
                 unscorable[i] = True
     return out, unscorable
+
+
+def _number(func, i: int, v) -> float:
+    """A reward function's value as a float (numpy / torch scalars and bools too), or a RewardError."""
+    if isinstance(v, (str, bytes)):  # float("1") would work, but a string is a bug in the function
+        raise RewardError(f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}")
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf  # an int beyond float range
+    except (TypeError, ValueError, RuntimeError):
+        raise RewardError(f"reward function {_name(func)!r} returned a non-number for completion {i}: {v!r}") from None
+
+
+def _texts(completions: list, rows: dict[str, list]) -> list[str]:
+    """The text step ends index: the completion's (with tools, the whole multi-turn text, column completion_text)."""
+    return rows.get("completion_text") or [completion_text(c) for c in completions]
+
+
+def _step_means(func, values: list, texts: list[str], steps: list) -> list:
+    """A step reward function's values -> one number per completion (the mean step reward; None without steps);
+    its StepRewards checked against each completion's text and appended to `steps` (None without steps)."""
+    means = []
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, StepRewards):
+            raise RewardError(f"reward function {_name(func)!r} returned StepRewards for some completions and "
+                              f"{v!r} for completion {i}; return StepRewards (or None) for each")
+        problem = None if v is None else v.problem(len(texts[i]))
+        if problem:
+            raise RewardError(f"reward function {_name(func)!r}, completion {i} ({texts[i][:80]!r}): {problem}")
+        has_steps = v is not None and len(v) > 0
+        means.append(v.mean if has_steps else None)
+        steps.append(v if has_steps else None)
+    return means
 
 
 def combine_rewards(rewards_per_func: torch.Tensor, unscorable: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
@@ -190,7 +235,8 @@ def combine_rewards(rewards_per_func: torch.Tensor, unscorable: torch.Tensor, we
 def build_reward_funcs(names: list[str], task, max_completion_length: int, *, overlong_buffer_len: int | None = None,
                        seed: int = 0) -> list[RewardFunc]:
     """Reward names -> functions: correctness, format (the task's), r1_format / r1_format_soft (the R1 tags, any
-    task), overlong (DAPO), random (control), math_verify (LaTeX answers), or your own as "module:function" /
+    task), overlong (DAPO), random (control), math_verify (LaTeX answers), steps (the task's step checker) and
+    arithmetic_steps (any chain of equations) for process supervision, or your own as "module:function" /
     "path/file.py:function".
 
     overlong_buffer_len: DAPO's soft-punishment zone before max_completion_length (default a quarter of it);
@@ -205,6 +251,13 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
             funcs.append(r1_format if name == "r1_format" else r1_format_soft)
         elif name == "correctness":
             funcs.append(task.correctness_reward)
+        elif name == "steps":  # process supervision: the task's own step checker (step_rewards.py)
+            if getattr(task, "step_reward", None) is None:
+                raise RewardError(f"reward_funcs: the task {task.name} has no step checker ('steps'); use "
+                                  f"arithmetic_steps for chains of equations, or your own step reward function")
+            funcs.append(task.step_reward)
+        elif name == "arithmetic_steps":
+            funcs.append(arithmetic_steps)
         elif name == "format":
             funcs.append(task.format_reward)
         elif name == "overlong":
@@ -218,8 +271,8 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
             funcs.append(math_verify_reward)
         else:
             raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, r1_format, "
-                              f"r1_format_soft, overlong, random, math_verify, or module:function / "
-                              f"path/file.py:function, or a reward model's directory)")
+                              f"r1_format_soft, overlong, random, math_verify, steps, arithmetic_steps, or "
+                              f"module:function / path/file.py:function, or a reward model's directory)")
     return funcs
 
 

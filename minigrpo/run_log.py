@@ -31,7 +31,8 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
     """The first num_groups groups of a Batch as completions.jsonl lines: {"step", "group", "prompt", "answer"
     (when the row has one), "completions": [{"text", "reward", "rewards": {name: value}, "advantage", "length",
     "truncated", "correct"}]}, and with tools each completion's "messages" (the model's turns and the tool's, as
-    TRL's messages) and "tool_calls". Rewards that no function could score are null. length: the policy's tokens."""
+    TRL's messages) and "tool_calls"; with a step reward function, its "step_rewards". Rewards that no function could
+    score are null. length: the policy's tokens; advantage: per-token advantages' mean over them."""
     records = []
     lengths = batch.policy_mask.sum(1).long().tolist()
     completion_adv = batch.completion_adv  # a per-token advantage: its mean over the completion's tokens
@@ -51,6 +52,8 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
             "correct": bool(correct[i]),
             **({"messages": batch.messages[i], "tool_calls": int(batch.tool_counts["calls"][i])}
                if batch.messages is not None else {}),
+            **({"step_rewards": [r for r in batch.step_rewards[i].tolist() if r == r]}  # NaN padding left out
+               if batch.step_rewards is not None else {}),
         } for i in rows]
         records.append(finite_or_none(record))
     return records

@@ -70,6 +70,14 @@ def plant_overflow(step: int) -> None:
     minigrpo.trainer.optimizer_step = planted
 
 
+def digit_steps(prompts, completions, **row):
+    """Process supervision: one step per digit, its reward set by the place in the group and in the completion."""
+    from minigrpo.step_rewards import StepRewards
+
+    return [StepRewards([float((i % 4 + k) % 3 == 0) for k in range(len(c))], list(range(1, len(c) + 1)))
+            for i, c in enumerate(completions)]
+
+
 def held_elements(optimizer) -> dict:
     """Elements of the trained parameters and of AdamW's moments this process holds (its shards, when sharded)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -94,6 +102,7 @@ if __name__ == "__main__":
     cfg = load_config(None, dict(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4,
                                  generation_batch_size=16, learning_rate=1e-3, eval_steps=0, eval_limit=8,
                                  eval_num_samples=1, save_model=True, **extra))
-    minigrpo.trainer.train(cfg, reward_funcs=[place_and_length], progress=False)
+    reward = digit_steps if cfg.advantage_estimator == "process" else place_and_length
+    minigrpo.trainer.train(cfg, reward_funcs=[reward], progress=False)
     held = {**held_elements(made[0][0]), "head_calls": len(head_calls)}
     (Path(out) / f"shard-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(held))

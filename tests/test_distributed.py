@@ -51,11 +51,12 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @needs_accelerate
-@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])  # the two that need the global token count
-def test_two_processes_match_one(tmp_path, one_thread, loss_type):
+@pytest.mark.parametrize("loss_type, extra", [("bnpo", []), ("dapo", []),  # the two that need the global token count
+                                              ("grpo", ["advantage_estimator=process"])])  # (N, T) advantages
+def test_two_processes_match_one(tmp_path, one_thread, loss_type, extra):
     script = str(ROOT / "tests" / "distributed_run.py")
-    launch([script, str(tmp_path / "one"), loss_type], one_thread, processes=1)
-    launch([script, str(tmp_path / "two"), loss_type], one_thread, processes=2)
+    launch([script, str(tmp_path / "one"), loss_type, *extra], one_thread, processes=1)
+    launch([script, str(tmp_path / "two"), loss_type, *extra], one_thread, processes=2)
 
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [r["step"] for r in two] == [1, 2, 3], "rank 0 alone writes one line per step"
@@ -64,6 +65,8 @@ def test_two_processes_match_one(tmp_path, one_thread, loss_type):
         for key in ("reward", "reward_std", "completions/mean_length", "accuracy", "frac_reward_zero_std"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), key
         for key in ("loss", "grad_norm", "entropy"):  # the global loss, the averaged gradient, a token mean
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+        for key in [k for k in a if k.startswith("process/")]:  # step metrics, summed over the ranks
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
         assert a["grad_norm"] > 0
     w1, w2 = weights(tmp_path / "one"), weights(tmp_path / "two")

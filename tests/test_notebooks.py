@@ -162,6 +162,29 @@ QUOTES = [
      ["beta 0 drift at the last step 13.26 nats", "beta 0.1 drift at the last step 8.83 nats"]),
     ("10_learned_rewards", "29.5% → 80% held-out greedy accuracy at step 20",
      ["DPO, the same labels as pairs 62 steps,", "held-out greedy accuracy 29.5% -> 64% 74% 79% 80%"]),
+    ("11_process_supervision", "it pushes down 73% of the tokens of the *right* steps in them and up none",
+     ["wrong right 419 0% 73% 27% -0.50 68% 32% 0% +0.97"]),
+    ("11_process_supervision", "Process supervision pushes 68% of those right-step tokens up, and 86% of the wrong-step "
+                               "tokens down", ["wrong right 419 0% 73% 27% -0.50 68% 32% 0% +0.97",
+                                               "wrong wrong 869 0% 82% 18% -0.52 13% 86% 1% -1.22"]),
+    ("11_process_supervision", "(mean $|A|$ 1.99 against 0.76)", ["mean |A| per token: outcome 0.76, process 1.99"]),
+    ("11_process_supervision", "the outcome runs end at 86.2%, 82.8% and 87.0%, the process runs at 80.2%, 80.2% and "
+                               "87.8%", ["outcome seed 0: 66.0%", "before 26.2% -> after 86.2%",
+                                         "before 26.2% -> after 82.8%", "before 26.2% -> after 87.0%",
+                                         "process seed 2: 70.5% 75.0% 81.5% 82.0% 80.5% 86.5% 80.5% 80.5% 81.5% 87.0% "
+                                         "| before 26.2% -> after 87.8%"]),
+    ("11_process_supervision", "Process supervision's advantage is **−1.40 per token on average**",
+     ["mean advantage per token: outcome +0.00, process -1.40"]),
+    ("11_process_supervision", "and ends at 0.0%, 0.0%, 0.0% against 0.0%, 0.6%, 0.0%",
+     ["long_addition process seed 1: 0.5% 1.5% 1.5% 0.5% 1.0% 0.5% | before 13.0% -> after 0.6%"]),
+    ("11_process_supervision", "(0.40–0.41 right over the first 10 steps, 0.43–0.45 over the last 10)",
+     ["long_addition process seed 0: groups with nothing to learn 0.00 / 0.00, steps right 0.41 / 0.45",
+      "long_addition process seed 2: groups with nothing to learn 0.00 / 0.00, steps right 0.40 / 0.43"]),
+    ("11_process_supervision", "4.7 times outcome supervision's on section 2's batch (5.31 against 1.12)",
+     ["outcome: gradient norm 1.12 -> clipped to 1.00, process: gradient norm 5.31 -> clipped to 1.00"]),
+    ("11_process_supervision", "(from step 9, 3 and 2 on in seeds 0, 1 and 2",
+     ["[1, 2, 3, 5, 8] of 60", "seed 1: steps with a non-zero gradient [1, 2] of 60",
+      "seed 2: steps with a non-zero gradient [1] of 60"]),
 ]
 
 

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -247,3 +249,15 @@ def test_plot_runs_names_each_accuracy_sample_and_knows_an_on_policy_run(tmp_pat
     assert on_policy(yaml.safe_load((run / "config.yaml").read_text()))
     assert not on_policy({"num_iterations": 2}) and not on_policy({"steps_per_generation": 4})
     assert {p.name for p in plot_runs([run], tmp_path / "plots")} >= {"accuracy.png", "length.png", "clip_entropy.png"}
+
+
+def test_plot_seeds_draws_each_seed_and_their_mean():
+    from minigrpo.lab.plots import plot_seeds
+
+    other = [{**m, "eval/accuracy_greedy": m.get("eval/accuracy_greedy") and m["eval/accuracy_greedy"] - 0.2}
+             for m in METRICS]
+    ax = plot_seeds({"process": [METRICS, other]}, "eval/accuracy_greedy", start={"process": [0.1, 0.3]})
+    thin, mean = ax.lines[:2], ax.lines[2]
+    assert [list(line.get_ydata()) for line in thin] == [[0.1, 0.5, 0.7], pytest.approx([0.3, 0.3, 0.5])]
+    assert list(mean.get_xdata()) == [0, 2, 3] and list(mean.get_ydata()) == pytest.approx([0.2, 0.4, 0.6])
+    assert mean.get_label() == "process (mean of 2)"

@@ -4,7 +4,7 @@ always draw the same picture.
 Training runs (read from metrics.jsonl / summary.json): `plot_curve`, `plot_completion_lengths`,
 `plot_advantage_histogram`, `plot_run_overview` (one run on one figure), `plot_run_comparison` (several runs on one
 figure, e.g. the variants of notebook 04), `plot_length_drift`, `plot_before_after`, `plot_runs` (the CLI's standard
-figures). They take {label: metrics} and draw every run on shared axes, one line per run. PPO's critic (notebook
+figures), `plot_seeds` (several seeds of several variants: each seed thin, their mean thick; notebook 11). They take {label: metrics} and draw every run on shared axes, one line per run. PPO's critic (notebook
 06, metrics of ppo_trainer.train_ppo): `plot_critic`, `plot_advantage_variance`, `plot_critic_runs`.
 
 Memory (notebook 05): `plot_memory` draws `memory.measure`'s results (or a `minigrpo memory --json` file's), the
@@ -31,7 +31,7 @@ __all__ = [
     "plot_critic", "plot_advantage_variance", "plot_critic_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
     "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory", "plot_sampling_mismatch",
-    "plot_advantage_heatmap",
+    "plot_advantage_heatmap", "plot_seeds",
 ]
 
 
@@ -702,3 +702,27 @@ def plot_memory_vs_length(rows: list[dict], *, axes=None, title: str | None = No
     if title:
         axes[0].figure.suptitle(title)
     return axes
+
+
+def plot_seeds(runs: dict[str, list[list[dict]]], key: str, *, start: dict[str, list[float]] | None = None, ax=None,
+               ylabel: str | None = None, title: str | None = None, window: int = 1, ylim=None):
+    """Several seeds of several variants: {variant: [metrics of seed 0, seed 1, ...]}, one colour per variant, a thin
+    line per seed and a thick line for their mean (at the steps every seed logged). start: {variant: [value at step 0
+    of each seed]} (e.g. accuracy_before), prepended as for plot_curve; window: moving average over steps."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    for colour, (label, seeds) in enumerate(runs.items()):
+        by_step = []
+        for s, metrics in enumerate(seeds):
+            xs, values = _series(metrics, key)
+            values = smooth(values, window) if window > 1 else values
+            if start and label in start:
+                xs, values = [0, *xs], [start[label][s], *values]
+            ax.plot(xs, values, "-", color=f"C{colour}", alpha=0.35, linewidth=1)
+            by_step.append(dict(zip(xs, values)))
+        shared = sorted(set.intersection(*(set(d) for d in by_step))) if by_step else []
+        mean = [sum(d[x] for d in by_step) / len(by_step) for x in shared]
+        ax.plot(shared, mean, "o-" if len(shared) < 30 else "-", color=f"C{colour}", linewidth=2.2,
+                markersize=4, label=f"{label} (mean of {len(seeds)})")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    return _label(ax, "step", ylabel or key, smoothed_title(title or key, window))

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..chat_templates import QWEN25_MESSAGES
 
-__all__ = ["CHATML_TEMPLATE", "QWEN25_05B_SHAPE", "TOY_SHAPE", "make_standin_chat_model"]
+__all__ = ["CHATML_TEMPLATE", "QWEN25_05B_SHAPE", "TOY_SHAPE", "make_standin_chat_model",
+           "make_standin_process_reward_model", "PRM_SCORE_TOKEN"]
 
 # make_standin_chat_model's arguments for Qwen2.5-0.5B's shape (its published config.json): 24 blocks, hidden 896,
 # MLP 4864, 14 query and 2 key-value heads, a 151,936-row tied embedding; 494M parameters. The weights' spread is
@@ -225,6 +226,38 @@ def make_standin_chat_model(out_dir, *, hidden_size: int = 64, num_layers: int =
         bos_token_id=endoftext, pad_token_id=endoftext, eos_token_id=[im_end, endoftext],
         do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05,
     )
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+PRM_SCORE_TOKEN = "<extra_0>"  # where Qwen2.5-Math-PRM reads each step's score
+
+
+def make_standin_process_reward_model(out_dir, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
+    """A stand-in for a hub process reward model (Qwen2.5-Math-PRM's interface), saved to `out_dir`; returns the path.
+
+    The stand-in chat model's tokenizer and ChatML template with one more added token, `<extra_0>`, the step
+    separator whose position the PRM reads a score at; the model a `Qwen2ForTokenClassification` with two labels
+    (per-token logits for "wrong" and "right", as Qwen2ForProcessRewardModel returns), random weights drawn with
+    `seed`. Load it with AutoModelForTokenClassification and AutoTokenizer; score with
+    minigrpo.process_reward_model.ProcessRewardModel. Random weights: the scores mean nothing, the plumbing is real."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+    tokenizer = _make_tokenizer(_training_text(), 1000 - 6)
+    tokenizer.add_tokens([PRM_SCORE_TOKEN], special_tokens=True)
+    endoftext, im_end = tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_END])
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        rope_theta=1e6, initializer_range=0.5, bos_token_id=endoftext, eos_token_id=im_end, pad_token_id=endoftext,
+        num_labels=2, attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForTokenClassification(config)
     out = Path(out_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

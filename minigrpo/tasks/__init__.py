@@ -8,6 +8,8 @@
 
 Known tasks: ``addition`` (fixed format) and ``think_addition`` (the policy chooses how long
 it thinks), with shipped tiny models (``scripts/make_tiny_world.py`` rebuilds their data and models);
+``long_addition`` (think_addition with 7-8 digit operands, always worked out: the world where process supervision
+pays, ``scripts/make_long_world.py``);
 for real models: ``countdown`` (generated, data/tasks/countdown), ``gsm8k`` (hub or a local copy) and ``answer`` (your own prompt + answer rows), graded
 in the R1 answer format (answers.py); ``reasoning_gym`` (reasoning-gym's ~100 generated tasks, scored by their own
 verifiers in an isolated worker: reasoning_gym.py, isolation.py).
@@ -25,8 +27,13 @@ from .reasoning_gym import ReasoningGymTask
 from .think_addition import ThinkAdditionTask
 from .tool_addition import ToolAdditionTask
 
-TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), CountdownTask(), AnswerTask(),
-                                                Gsm8kTask(), ReasoningGymTask(), ToolAdditionTask())}
+# think_addition's long-chain world (process supervision, notebook 11): 7- and 8-digit operands, always worked out
+# column by column, so a completion is 7-8 steps and the answer: most steps right, the whole answer rarely.
+# Longest target: 8 steps "9+9+1=19" and 7 commas + tags + 9 digits + eos = 83 tokens.
+LONG_ADDITION = ThinkAdditionTask(name="long_addition", max_completion_length=88, min_digits=7, max_digits=8,
+                                  think_share=1.0, data_script="scripts/make_long_world.py")
+TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), LONG_ADDITION, CountdownTask(),
+                                                AnswerTask(), Gsm8kTask(), ReasoningGymTask(), ToolAdditionTask())}
 
 
 def get_task(name: str, *, answer_grader: str = "numeric") -> Task:

@@ -1,0 +1,105 @@
+"""A process reward model (PRM) as a step reward function: the hub PRMs' convention, scored without gradient.
+
+Qwen2.5-Math-PRM (Zhang et al. 2025, "The Lessons of Developing Process Reward Models in Mathematical Reasoning")
+reads a response cut into steps and gives each step a probability of being right:
+
+    steps   = the completion's text split on "\\n\\n" (blank pieces left out)
+    text    = chat_template([system, user: prompt, assistant: steps[0] <extra_0> steps[1] <extra_0> ... <extra_0>])
+    logits  = prm(text)                                   (1, L, 2): two classes per token
+    p_k     = softmax(logits[position of the k-th <extra_0>])[1]          P(step k is right)
+
+`ProcessRewardModel` does exactly that for a batch of completions and returns, for each, `StepRewards(p, ends)`:
+the probabilities as the steps' rewards, and where each step ends in the policy's text (after its separator; the last
+at the end of the text), so the trainer maps them onto the policy's own tokens (step_rewards.py). Any model whose
+output holds per-token logits of two classes fits: Qwen2.5-Math-PRM's (`AutoModel`, trust_remote_code), a
+`...ForTokenClassification` with num_labels=2 (TRL's former PRMTrainer trained these, labels at each step's end,
+Math-Shepherd style), or the stand-in (lab/standin.py). A score token written by the policy itself is removed from
+the PRM's input, so a completion cannot add steps the PRM scores.
+
+What it simplifies: the steps are split on one separator; a completion longer than the PRM's context is not cut
+(give the PRM a max_completion_length it can read); `positive_label` says which class means "right" (Qwen: 1).
+"""
+
+import math
+
+import torch
+
+from .rewards import completion_text
+from .step_rewards import StepRewards
+
+__all__ = ["ProcessRewardModel", "split_steps"]
+
+QWEN_PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def split_steps(text: str, separator: str = "\n\n") -> tuple[list[str], list[int]]:
+    """The steps of `text` (stripped) and the character offset where each ends: after its separator, the last one at
+    the end of the text. Blank pieces are no step; a text with no step at all is one empty step ending at its end.
+
+        split_steps("Add 2 and 3.\n\n2 + 3 = 5.\n\n")  ->  (["Add 2 and 3.", "2 + 3 = 5."], [14, 26])"""
+    steps, ends, position = [], [], 0
+    pieces = text.split(separator)
+    for k, piece in enumerate(pieces):
+        position += len(piece) + (len(separator) if k < len(pieces) - 1 else 0)
+        if piece.strip():
+            steps.append(piece.strip())
+            ends.append(position)
+    if not steps:
+        return [""], [len(text)]
+    ends[-1] = len(text)  # the last step runs to the end (trailing separators included): the eos is credited to it
+    return steps, ends
+
+
+class ProcessRewardModel:
+    """prm(prompts, completions, **row) -> [StepRewards] (TRL's reward-function signature), on a PRM and its tokenizer.
+
+    separator: how the policy's text is cut into steps; score_token: what the PRM reads each step's score at (must
+    be one token of its tokenizer); system: the system message of the PRM's chat template (None: none);
+    positive_label: the class whose probability is the step's reward; batch_size: completions per forward pass."""
+
+    def __init__(self, model, tokenizer, *, separator: str = "\n\n", score_token: str = "<extra_0>",
+                 system: str | None = QWEN_PRM_SYSTEM, positive_label: int = 1, batch_size: int = 16):
+        ids = tokenizer(score_token, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"score_token {score_token!r} is {len(ids)} tokens of the PRM's tokenizer; it must be one")
+        self.model, self.tokenizer, self.separator, self.score_token = model, tokenizer, separator, score_token
+        self.score_id, self.system, self.positive_label, self.batch_size = ids[0], system, positive_label, batch_size
+        self.__name__ = "process_reward_model"
+
+    def prm_text(self, prompt, steps: list[str]) -> str:
+        """The PRM's input: its chat template over the system message, the prompt and the steps, each followed by the
+        score token (a score token inside the policy's text removed)."""
+        clean = [step.replace(self.score_token, "") for step in steps]
+        messages = [{"role": "system", "content": self.system}] if self.system is not None else []
+        messages += prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        messages.append({"role": "assistant", "content": "".join(s + self.score_token for s in clean)})
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+
+    @torch.no_grad()
+    def step_probabilities(self, texts: list[str]) -> list[list[float]]:
+        """P(step right) at each score token of each PRM input, in batches (right-padded)."""
+        device = next(self.model.parameters()).device
+        out = []
+        for start in range(0, len(texts), self.batch_size):
+            encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[start:start + self.batch_size]]
+            width = max(len(ids) for ids in encoded)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in encoded], device=device)
+            attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in encoded], device=device)
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            logits = output.logits if hasattr(output, "logits") else output[0]  # (B, L, 2)
+            probabilities = logits.float().softmax(-1)[..., self.positive_label]  # (B, L)
+            out += [probabilities[i][(input_ids[i] == self.score_id) & (attention_mask[i] == 1)].tolist()
+                    for i in range(len(encoded))]
+        return out
+
+    def __call__(self, prompts, completions, **row) -> list[StepRewards]:
+        texts = row.get("completion_text") or [completion_text(c) for c in completions]
+        split = [split_steps(t, self.separator) for t in texts]
+        scores = self.step_probabilities([self.prm_text(p, steps) for p, (steps, _) in zip(prompts, split)])
+        rewards = []
+        for (steps, ends), p in zip(split, scores):
+            if len(p) != len(steps):  # cannot happen unless the template drops text: a step without a score
+                p = (p + [math.nan] * len(steps))[:len(steps)]
+            rewards.append(StepRewards(p, ends))
+        return rewards
