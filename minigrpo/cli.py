@@ -301,7 +301,7 @@ def cmd_bench_logprobs(argv: list[str]) -> int:
 
 
 def cmd_memory(argv: list[str]) -> int:
-    from .lab.memory import main as memory_main
+    from .lab.memory_cli import main as memory_main
 
     return memory_main(argv)
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from . import advantages, distributed
 from .advantages import gfpo_keep, kl_penalized_rewards
 from .batch import Batch, PromptSampler, ToolSetup
-from .config import ConfigError
+from .errors import ConfigError
 from .engines import sampling_options
 from .logprobs import completion_logprobs
 from .prompts import completions_for_rewards

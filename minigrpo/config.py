@@ -16,14 +16,19 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS
-from .errors import MinigrpoError
+from .errors import ConfigError, did_you_mean
 from .objectives import LOSSES, get_loss
+from .trl_names import unknown_key_line
 
-__all__ = ["Config", "ConfigError", "load_config", "coerce_value"]
+__all__ = ["Config", "ConfigError", "load_config", "coerce_value", "FSDP_OPTIONS"]
 
-
-class ConfigError(MinigrpoError, ValueError):
-    """A config key that does not exist or a value that does not fit it."""
+# fsdp_config's keys (TRL / accelerate's names) and what each does under FSDP2 (distributed.py).
+FSDP_OPTIONS = {
+    "cpu_offload": "sharded parameters, gradients and optimizer state live in CPU memory (FSDP2 CPUOffloadPolicy)",
+    "activation_checkpointing": "recompute each block's activations in backward (= gradient_checkpointing)",
+    "reshard_after_forward": "free a block's gathered parameters after its forward (default true; false: keep "
+                             "them until backward, less communication, more memory)",
+}
 
 
 @dataclass
@@ -314,8 +319,6 @@ class Config:
                               f"({high})")
 
     def _validate_fsdp(self) -> None:
-        from .distributed import FSDP_OPTIONS
-
         if self.fsdp_config and not self.fsdp:
             raise ConfigError("fsdp_config: set fsdp full_shard too (without it there is nothing to shard)")
         for key, value in (self.fsdp_config or {}).items():
@@ -481,14 +484,6 @@ CHOICE_HINTS = {
 }
 
 
-def did_you_mean(word: str, candidates) -> str:
-    """ "did you mean X?" for the closest candidate (difflib), or "" when none is close."""
-    import difflib
-
-    close = difflib.get_close_matches(word, [str(c) for c in candidates], n=1, cutoff=0.6)
-    return f"did you mean {close[0]}?" if close else ""
-
-
 SECTION_HEADER = re.compile(r"#\s*---\s*(.*?)\s*---\s*$")
 
 
@@ -594,8 +589,6 @@ def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
         name = key.replace("-", "_")
         name = ALIASES.get(name, name)
         if name not in known:  # a typo, or TRL's name for something minigrpo calls otherwise: one line that says so
-            from .grpo_config import unknown_key_line
-
-            raise ConfigError(unknown_key_line(name, value))
+            raise ConfigError(unknown_key_line(name, value, known | set(ALIASES)))
         kwargs[name] = coerce_value(name, value, hints[name])
     return Config(**kwargs)

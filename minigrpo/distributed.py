@@ -61,21 +61,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError
+from .errors import ConfigError
 from .logprobs import completion_logprobs as _completion_logprobs
 
 __all__ = ["setup", "cleanup", "launched_processes", "world_size", "rank", "is_main", "all_reduce_sum",
            "gather_objects", "broadcast_object", "LogprobForward", "wrap", "completion_logprobs", "no_sync",
-           "full_weights", "clip_grad_norm", "full_state_dict", "is_sharded", "local_numel", "FSDP_OPTIONS"]
-
-# fsdp_config's keys (TRL / accelerate's names) and what each does here.
-FSDP_OPTIONS = {
-    "cpu_offload": "sharded parameters, gradients and optimizer state live in CPU memory (FSDP2 CPUOffloadPolicy)",
-    "activation_checkpointing": "recompute each block's activations in backward (= gradient_checkpointing)",
-    "reshard_after_forward": "free a block's gathered parameters after its forward (default true; false: keep "
-                             "them until backward, less communication, more memory)",
-}
-
+           "full_weights", "clip_grad_norm", "full_state_dict", "is_sharded", "local_numel"]
 
 def setup(device: torch.device) -> torch.device:
     """Join the process group if a launcher started several processes; returns this process's device.

@@ -22,7 +22,7 @@ conversational one the assistant's message, ``[{"role": "assistant", "content": 
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 
 __all__ = ["is_conversational", "prompt_text", "encode_prompts", "left_pad", "completions_for_rewards"]
 

@@ -32,8 +32,9 @@ from .user_code import callable_name, load_callable
 from .errors import MinigrpoError
 from .step_rewards import StepRewards, arithmetic_steps
 
-__all__ = ["RewardError", "StepRewards", "completion_text", "r1_format", "r1_format_soft", "overlong_penalty", "shuffled",
-           "load_reward_func", "score_completions", "combine_rewards", "reward_func_name"]
+__all__ = ["RewardError", "StepRewards", "completion_text", "answer_tag", "r1_format", "r1_format_soft",
+           "overlong_penalty", "shuffled", "load_reward_func", "score_completions", "combine_rewards", "reward_func_name",
+           "math_verify_reward"]
 
 RewardFunc = Callable[..., list]
 
@@ -48,6 +49,7 @@ class RewardError(MinigrpoError, RuntimeError):
 # anything allowed around them. Soft is easier to learn; strict leaves nothing outside the blocks.
 R1_STRICT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL)
 R1_SOFT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def completion_text(completion) -> str:
@@ -55,6 +57,12 @@ def completion_text(completion) -> str:
     if isinstance(completion, list):
         return completion[-1]["content"] if completion else ""
     return completion or ""
+
+
+def answer_tag(text: str) -> str | None:
+    """The stripped content of the last ``<answer>...</answer>``, or None."""
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None
 
 
 def r1_format(prompts, completions, **row) -> list[float]:
@@ -266,14 +274,22 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
         elif name == "random":
             funcs.append(shuffled(task.correctness_reward, seed=seed))
         elif name == "math_verify":  # LaTeX answers, graded by math-verify in a worker process (extra "math")
-            from .tasks.math_verify_grader import math_verify_reward
-
             funcs.append(math_verify_reward)
         else:
             raise RewardError(f"reward_funcs: unknown reward {name!r} (known: correctness, format, r1_format, "
                               f"r1_format_soft, overlong, random, math_verify, steps, arithmetic_steps, or "
                               f"module:function / path/file.py:function, or a reward model's directory)")
     return funcs
+
+
+def math_verify_reward(prompts, completions, answer, **row) -> list[float]:
+    """1.0 if math-verify finds the completion's final answer (its last ``<answer>`` tag's content, else the whole
+    text) equal to the row's ``answer``, else 0.0: LaTeX answers, graded in a worker process (math_verify_grader.py;
+    extra "math"). TRL's reward signature: ``answer`` is the dataset column, one value per completion."""
+    from .tasks.math_verify_grader import math_verify_scores
+
+    texts = [completion_text(c) for c in completions]
+    return math_verify_scores([answer_tag(t) if answer_tag(t) is not None else t for t in texts], list(answer))
 
 
 def reward_func_name(func) -> str:

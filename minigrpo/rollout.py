@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from .config import ConfigError
+from .errors import ConfigError
 from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
 from .kv_cache import cache_argument
 from .prompts import encode_prompts, left_pad

@@ -76,7 +76,7 @@ from pathlib import Path
 import torch
 
 from . import distributed
-from .config import ConfigError
+from .errors import ConfigError
 from .models import is_lora, is_quantized, kv_size
 from .prompts import encode_prompts
 from .rollout import Rollout, eos_token_ids, rollout_from_ids

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .config import ConfigError
+from .errors import ConfigError
 from .metrics import finite_or_none, json_line
 
 __all__ = ["RunLog", "completion_records", "REPORT_TO", "step_line"]

@@ -241,7 +241,7 @@ def test_memory_measured_one_process_against_two(tmp_path, one_thread):
 
 
 def test_memory_command_prints_each_gpus_share(capsys):
-    from minigrpo.lab.memory import main
+    from minigrpo.lab.memory_cli import main
 
     recipe = str(ROOT / "recipes" / "qwen2.5-0.5b-instruct_gsm8k_full.yaml")
     assert main(["--recipe", recipe, "--num-processes", "8", "--fsdp"]) == 0

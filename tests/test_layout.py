@@ -79,3 +79,72 @@ def test_only_the_loop_floor_reads_the_config(path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = [a.arg for a in node.args.args + node.args.kwonlyargs]
             assert "cfg" not in args, f"{path.name}: {node.name}(cfg, ...) reads the Config"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The package's modules that path imports, at module level or inside a function (a lazy import is still a tie
+    a reader follows). `from . import x` names module x where x is one; the package a module sits in is not counted
+    (Python imports it first, but a reader does not follow it)."""
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = (package[: len(package) - node.level + 1] if node.level else []) + (node.module or "").split(".")
+            base = ".".join(part for part in base if part)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        found |= {target for target in targets if target in MODULES and target != name}
+    return found
+
+
+MODULES = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+           for p in PACKAGE.rglob("*.py")}
+
+
+def import_circles() -> list[list[str]]:
+    """Every group of the package's modules that import each other in a loop (Tarjan's strongly connected
+    components of the import graph, lazy imports included)."""
+    graph = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"):
+             imported_modules(p) for p in PACKAGE.rglob("*.py")}
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_import_circles_are_found():  # the finder itself, on the package's own ties
+    assert "minigrpo.objectives.registry" in imported_modules(PACKAGE / "objectives" / "grpo.py")
+    assert "minigrpo.errors" in imported_modules(PACKAGE / "config.py")
+
+
+def test_no_import_circles():
+    # Each module imports only modules that do not import it back, lazily or not: the package reads in one
+    # direction, floor by floor, and any file can be lifted with what it imports.
+    assert import_circles() == []

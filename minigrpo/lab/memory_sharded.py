@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .memory import DTYPE_BYTES, HUB_SHAPES, RESULT_MARKER, qwen_config, recipe_floor, shape_dir
 
 __all__ = ["sharded_floor", "format_sharded_table", "fit_table", "measure_step", "measure_side_by_side"]

@@ -51,12 +51,14 @@ import pkgutil
 import torch
 
 from ..kl import kl_divergence
-from .aggregation import AGGREGATIONS
+from .aggregation import AGGREGATIONS, aggregate, micro_batch_share
 from .common import clip_stats, masked_mean
 from .entropy import high_entropy_mask
 from .gspo import sequence_log_ratio, sequence_token_log_ratio
 from .off_policy_mask import off_policy_sequence_mask
 from .registry import LOSSES, LossType, Surrogate, SurrogateInputs, get_loss, register_loss
+
+from . import grpo, dapo, dr_grpo, luspo  # noqa: E402,F401 - the table's first rows: GRPO, then each aggregation's own
 
 for _module in pkgutil.iter_modules(__path__):  # every file here registers its loss types: a new file is enough
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -93,6 +95,9 @@ def policy_loss(
     top_entropy_quantile: float = 1.0,
     entropy_coef: float = 0.0,
     generator: torch.Generator | None = None,
+    mini_batch_rows: int | None = None,
+    mini_batch_tokens: torch.Tensor | float | None = None,
+    dp_size: int = 1,
     **loss_options,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of one batch, and its diagnostics.
@@ -113,7 +118,8 @@ def policy_loss(
         beta, ref_logp, kl_estimator: KL-in-loss, beta * KL(pi || pi_ref) added to every token's loss;
             use_bias_correction_kl weights it by rho (DeepSeek-V3.2's unbiased KL, off_policy_mask.py).
         max_completion_length: L_max, for the "constant" aggregation (dr_grpo).
-        num_items_in_batch: token count dividing the "token_sum" losses (dapo, cispo, ...); default: this batch's.
+        num_items_in_batch: token count dividing the "token_sum" losses (dapo, cispo, ...), over all dp_size
+            processes; default: this batch's.
         token_weights: (B, T) or (B, 1), no gradient: each token's loss times it, before the KL term and the
             aggregation — the vLLM importance-sampling correction (engine_mismatch.py; TRL's
             `per_token_loss * importance_sampling_ratio`). None = 1.
@@ -123,6 +129,9 @@ def policy_loss(
         entropies: (B, T) per-token entropy of pi_theta; needed by top_entropy_quantile < 1 (only the top fraction
             of tokens by entropy learn) and entropy_coef != 0 (loss - coef * mean entropy, with its gradient).
         generator: for loss types that draw at random (clip_cov; None = torch's global generator, as verl).
+        mini_batch_rows, mini_batch_tokens, dp_size: this batch is a micro-batch of a mini-batch of
+            mini_batch_rows completions on each of dp_size processes, with mini_batch_tokens loss tokens on all of
+            them: the loss returned is its share of the mini-batch's (aggregation.py). None: the batch is whole.
         **loss_options: the loss type's own options by name (e.g. vespo_k_pos=2.0; LossType.options).
 
     Returns:
@@ -170,11 +179,13 @@ def policy_loss(
         stats["kl"] = masked_mean(kl.detach(), mask).item()
         per_token_loss = per_token_loss + beta * kl  # (B, 1) + (B, T) broadcasts for GSPO
 
-    # 5. The loss type's aggregation, then the entropy bonus over the tokens that learn.
-    loss = AGGREGATIONS[entry.aggregation].fn(per_token_loss, mask, num_items_in_batch, max_completion_length)
+    # 5. The loss type's aggregation, the entropy bonus over the tokens that learn, a micro-batch's share.
+    loss = aggregate(entry.aggregation, per_token_loss, mask, num_items_in_batch, max_completion_length, dp_size)
     if entropy_coef != 0.0:
         stats["policy_loss"] = loss.item()
         loss = loss - entropy_coef * (entropies * learn_mask).sum() / learn_mask.sum().clamp(min=1.0)
+    if mini_batch_rows is not None:  # a micro-batch: its share of the mini-batch's loss, on one of dp_size processes
+        loss = loss * micro_batch_share(entry.aggregation, mask, mini_batch_rows, mini_batch_tokens, dp_size)
 
     with torch.no_grad():
         clip_range = surrogate.clip_range

@@ -12,23 +12,8 @@ DAPO changes four things; each lives where it acts:
   4. Overlong reward shaping — `overlong_penalty` in rewards.py.
 """
 
-import torch
-
 from .grpo import ppo_clip
 from .registry import register_loss
-
-
-def dapo_aggregate(
-    per_token_loss: torch.Tensor, mask: torch.Tensor, num_items_in_batch: float | torch.Tensor | None = None
-) -> torch.Tensor:
-    """Sum of masked per-token losses / number of completion tokens.
-
-    num_items_in_batch: the token count to divide by. Defaults to this batch's; when one batch is split into
-    micro-batches whose gradients are accumulated, pass the whole batch's count so the normaliser does not
-    change with the micro-batch size.
-    """
-    n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
-    return (per_token_loss * mask).sum() / n.clamp(min=1.0)
 
 
 register_loss("dapo", aggregation="token_sum", takes_delta=True)(ppo_clip)  # Clip-Higher: set epsilon_high=0.28

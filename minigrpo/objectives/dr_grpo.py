@@ -11,17 +11,8 @@ Dr. GRPO removes GRPO's two normalisations that bias optimisation:
 The surrogate itself is GRPO's `clipped_surrogate`.
 """
 
-import torch
-
 from .grpo import ppo_clip
 from .registry import register_loss
-
-
-def dr_grpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, max_completion_length: int) -> torch.Tensor:
-    """sum of masked per-token losses / (B * L_max). per_token_loss, mask: (B, T); L_max >= T."""
-    if max_completion_length is None:
-        raise ValueError("loss_type='dr_grpo' needs max_completion_length (its constant normaliser)")
-    return (per_token_loss * mask).sum() / (mask.shape[0] * max_completion_length)
 
 
 register_loss("dr_grpo", aggregation="constant", takes_delta=True)(ppo_clip)

@@ -22,7 +22,6 @@ checks it against verl's compute_policy_loss_vanilla. verl also clamps log rho t
 
 import torch
 
-from .common import sequence_mean
 from .registry import Surrogate, SurrogateInputs, register_loss
 
 
@@ -41,24 +40,6 @@ def clipped_surrogate(
     loss_unclipped = -ratio * adv
     loss_clipped = -clipped_ratio * adv
     return torch.max(loss_unclipped, loss_clipped)  # = -min(rho A, clip(rho) A)
-
-
-def grpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GRPO: mean over each sequence's tokens, then mean over sequences — 1/G sum_i 1/|o_i| sum_t.
-
-    The 1/|o_i| gives each token of a short answer more weight than a token of a long one: for a wrong
-    (A < 0) answer, making it longer dilutes its penalty. Dr. GRPO calls this the length bias.
-    """
-    return sequence_mean(per_token_loss, mask).mean()
-
-
-def bnpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """BNPO (TRL's "bnpo"): one mean over all tokens of the (local) batch, sum_{i,t} l_{i,t} / sum_i |o_i|.
-
-    Same formula as DAPO's token-level mean; TRL distinguishes them only under gradient accumulation,
-    where bnpo normalises each micro-batch by its own token count.
-    """
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def ppo_clip(x: SurrogateInputs, opts) -> Surrogate:

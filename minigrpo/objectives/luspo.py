@@ -15,18 +15,8 @@ sequence ratio (B, 1) is exactly |o_i| times GSPO's term. The paper uses importa
 TRL (and minigrpo) also accept "token", where the same aggregation is a per-completion token sum.
 """
 
-import torch
-
 from .grpo import ppo_clip
 from .registry import register_loss
-
-
-def luspo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum_t over each completion's tokens, mean over completions: 1/G sum_i sum_t l_{i,t}.
-
-    per_token_loss: (B, T), or (B, 1) with one value per completion (then the sum is |o_i| times it); mask (B, T).
-    """
-    return (per_token_loss * mask).sum(-1).mean()
 
 
 register_loss("luspo", aggregation="sequence_sum", takes_delta=True)(ppo_clip)  # the paper: level "sequence"

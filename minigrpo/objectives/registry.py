@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .aggregation import AGGREGATIONS
+
 __all__ = ["SurrogateInputs", "Surrogate", "LossType", "LOSSES", "register_loss", "get_loss", "NoOptions"]
 
 
@@ -107,8 +109,6 @@ def register_loss(name: str, *, aggregation: str, options: type = NoOptions, **c
 
 def get_loss(name: str) -> LossType:
     """The entry called name; ValueError naming the registered ones (and a bad aggregation) otherwise."""
-    from .aggregation import AGGREGATIONS  # its functions live in the loss files, which import this module
-
     if name not in LOSSES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSSES)}, got {name!r}")
     if LOSSES[name].aggregation not in AGGREGATIONS:

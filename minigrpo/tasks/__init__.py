@@ -17,7 +17,7 @@ verifiers in an isolated worker: reasoning_gym.py, isolation.py).
 
 import dataclasses
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .addition import AdditionTask
 from .answers import AnswerTask
 from .base import DATA_DIR, DataError, Task

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..rewards import R1_SOFT
+from ..rewards import R1_SOFT, answer_tag
 from .base import Task
 
 __all__ = ["AnswerTask", "R1_SYSTEM_PROMPT", "GRADERS", "answer_tag", "boxed", "last_number", "normalize_number",
@@ -37,17 +37,10 @@ R1_SYSTEM_PROMPT = (
     "respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>."
 )
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?!\.\d|[\d,]))?")  # "3/4" is one number
 _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _FRACTION = re.compile(r"(-?[\d,.$]+)\s*/\s*(\d+)")
 MAX_NUMBER_DIGITS = 1000  # a longer digit string is not an answer anyone asked for; it reads as no number
-
-
-def answer_tag(text: str) -> str | None:
-    """The stripped content of the last ``<answer>...</answer>``, or None."""
-    found = _ANSWER.findall(text)
-    return found[-1].strip() if found else None
 
 
 def boxed(text: str) -> str | None:
@@ -154,9 +147,10 @@ class AnswerTask(Task):
 
     def is_correct(self, completion: str, answer) -> bool:
         if self.grader == "math_verify":
-            from .math_verify_grader import math_verify_equal
+            from .math_verify_grader import math_verify_scores
 
-            return math_verify_equal(completion, answer)
+            tagged = answer_tag(completion)  # the tag's content, else the whole text (math-verify finds \boxed{})
+            return math_verify_scores([completion if tagged is None else tagged], [answer])[0] == 1.0
         return same_answer(final_answer(completion), answer)
 
     def is_well_formed(self, completion: str) -> bool:

@@ -2,8 +2,9 @@
 checker cannot read (Hugging Face's math-verify 0.9, as open-r1 and TRL's examples grade math;
 ``pip install 'minigrpo[math]'``).
 
-    math_verify_reward(prompts, completions, answer=[...])      TRL's reward signature: 1.0 / 0.0 per completion
-    math_verify_equal(predicted_text, reference)                one comparison (AnswerTask's grader="math_verify")
+    math_verify_scores(predicted, references)     1.0 / 0.0 per pair of texts
+    rewards.math_verify_reward                    the reward function (TRL's signature) that calls it
+    AnswerTask(grader="math_verify")              a task graded by it (tasks/answers.py)
 
 What is compared: the completion's last ``<answer>`` tag's content when it has one (math-verify finds nothing in
 ``<answer>72</answer>`` itself: a number glued to a tag is not extracted), else the whole completion, where
@@ -15,12 +16,10 @@ nothing promises that) and sympy may take unbounded time and memory on ``9^{9^{9
 SIGALRM, which works only in a main thread. A call that fails scores 0.0 and counts in ``rewards/verifier_failed``.
 """
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..isolation import call_isolated
-from ..rewards import completion_text
-from .answers import answer_tag
 
-__all__ = ["math_verify_reward", "math_verify_equal", "math_verify_scores"]
+__all__ = ["math_verify_scores"]
 
 INSTALL_HINT = "math-verify is not installed: pip install 'minigrpo[math]'"
 SCORER = "minigrpo.verifiers:math_verify_score"
@@ -45,23 +44,3 @@ def math_verify_scores(predicted: list[str | None], references: list) -> list[fl
     for i, result in zip(todo, results):
         scores[i] = 1.0 if result.ok and result.value == 1.0 else 0.0
     return scores
-
-
-def _final_text(completion) -> str:
-    """The tag's content if there is a tag, else the whole completion (math-verify finds boxed and numbers)."""
-    text = completion_text(completion)
-    tagged = answer_tag(text)
-    return tagged if tagged is not None else text
-
-
-def math_verify_equal(predicted_text: str | None, reference) -> bool:
-    """Whether math-verify reads ``predicted_text`` (a completion) as equal to ``reference``."""
-    if predicted_text is None:
-        return False
-    return math_verify_scores([_final_text(predicted_text)], [reference])[0] == 1.0
-
-
-def math_verify_reward(prompts, completions, answer, **row) -> list[float]:
-    """1.0 if math-verify finds the completion's final answer equal to the row's ``answer``, else 0.0 (TRL's
-    reward signature: ``answer`` is the dataset column, one value per completion)."""
-    return math_verify_scores([_final_text(c) for c in completions], list(answer))

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..isolation import call_isolated
 from ..rewards import R1_SOFT, completion_text
 from .answers import R1_SYSTEM_PROMPT, answer_tag

@@ -44,7 +44,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["ToolCall", "parse_assistant_turn", "parse_tool_calls", "tool_schema", "tool_schemas"]
 

@@ -31,7 +31,7 @@ says why), so ``get_reward`` reads the state the episode's calls left.
 import inspect
 from collections.abc import Callable
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["EnvironmentPool", "environment_tools", "environment_rewards", "prompt_with_observation"]
 

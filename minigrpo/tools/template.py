@@ -26,7 +26,7 @@ differ from re-rendering the conversation, on purpose: that tokenization is the 
 
 import re
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["prompt_ids_with_tools", "tool_suffix_ids", "encode_as_text", "added_token_strings"]
 
