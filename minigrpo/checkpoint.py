@@ -18,7 +18,7 @@ newest `step-*.pt` is always whole, and older ones are deleted only after a newe
 metrics.jsonl is written before the checkpoint of the same step. After a crash it may hold lines past the
 newest checkpoint; `truncate_metrics` drops them on resume, so the file holds each step exactly once.
 
-Sharded training (FSDP2, distributed.py) writes a folder instead, every process its own shards:
+Sharded training (FSDP2, parallel/ddp_fsdp.py) writes a folder instead, every process its own shards:
 
     RUN/checkpoints/step-000040/       torch.distributed.checkpoint (DCP): the trainable weights and the optimizer
                                        state, each process writing the pieces it holds (.metadata, *.distcp)
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
+from .parallel import processes
 from .errors import MinigrpoError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "list_checkpoints",
@@ -142,7 +142,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, *, model, optimizer,
             state["ref_model"] = {name: p.detach().clone() for name, p in ref_model.named_parameters()}
         path = ckpt_dir / f"step-{step:06d}.pt"
         _atomic_torch_save(state, path)
-    if keep is not None and distributed.is_main():
+    if keep is not None and processes.is_main():
         for _, old in list_checkpoints(ckpt_dir)[:-keep]:
             if old.is_dir():
                 shutil.rmtree(old)
@@ -170,15 +170,15 @@ def _save_shards(ckpt_dir: Path, step: int, state: dict, model, optimizer, ref_m
     import torch.distributed.checkpoint as dcp
 
     path, partial = ckpt_dir / f"step-{step:06d}", ckpt_dir / f".step-{step:06d}.partial"
-    if distributed.is_main():
+    if processes.is_main():
         shutil.rmtree(partial, ignore_errors=True)  # left by a run killed while writing
     dist.barrier()
     shards = _sharded_state(model, optimizer, ref_model)
     dcp.save(shards, checkpoint_id=partial)
-    if distributed.is_main():
+    if processes.is_main():
         _atomic_torch_save({**state, "model_keys": sorted(shards["model"])}, partial / "state.pt")
     dist.barrier()  # every process's shards are on disk
-    if distributed.is_main():
+    if processes.is_main():
         os.replace(partial, path)
     dist.barrier()
     return path

@@ -15,7 +15,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import advantages, distributed
+from . import advantages
+from .parallel import processes
 from .advantages import gfpo_keep, kl_penalized_rewards
 from .batch import Batch, PromptSampler, ToolSetup
 from .errors import ConfigError
@@ -108,10 +109,10 @@ def _advantages(cfg, batch: Batch, G: int, reward_weights, greedy_rewards, token
     estimator reads besides), then keep this rank's share. adv is (N,), or (N, T) for a per-token estimator.
     step_func: the reward function that graded steps (process supervision), if one did."""
     lengths = batch.policy_mask.sum(-1).cpu()  # (N,) the policy's tokens, for the estimators that weigh by length
-    gathered = [torch.cat(distributed.gather_objects(x)) for x in (batch.rewards, lengths, batch.rewards_per_func)]
+    gathered = [torch.cat(processes.gather_objects(x)) for x in (batch.rewards, lengths, batch.rewards_per_func)]
     x = advantages.AdvantageInputs(gathered[0], G, gathered[1], cfg.scale_rewards, cfg.std_type, cfg.pass_k)
     if greedy_rewards is not None:
-        x.greedy_rewards = torch.cat(distributed.gather_objects(greedy_rewards))  # (P * W,)
+        x.greedy_rewards = torch.cat(processes.gather_objects(greedy_rewards))  # (P * W,)
     if token_stats is not None:  # (N, T) each, padded to the widest rank's T
         x.old_logp, x.sum_pi_squared, x.mask = (_gather_padded(t) for t in (*token_stats, batch.policy_mask.cpu()))
     if batch.step_rewards is not None:  # process supervision: the graded steps, the outcome one more step
@@ -122,7 +123,7 @@ def _advantages(cfg, batch: Batch, G: int, reward_weights, greedy_rewards, token
     gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # GDPO: each reward function normalised alone
     adv, zero_std = advantages.compute_advantages(x, cfg.advantage_estimator, reward_weights=reward_weights,
                                                   rewards_per_func=gathered[2] if gdpo else None)
-    share = slice(distributed.rank() * len(batch), (distributed.rank() + 1) * len(batch))
+    share = slice(processes.rank() * len(batch), (processes.rank() + 1) * len(batch))
     adv = adv[share] if adv.dim() == 1 else adv[share, :batch.completion_ids.shape[1]]
     return adv, zero_std[share]
 
@@ -145,7 +146,7 @@ def _token_stats(cfg, policy, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]
 
 def _gather_padded(x: torch.Tensor) -> torch.Tensor:
     """(N, T) tensors of every rank, right-padded with 0 to the widest and stacked in rank order: (N * W, T_max)."""
-    parts = distributed.gather_objects(x)
+    parts = processes.gather_objects(x)
     width = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
@@ -196,7 +197,7 @@ def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, rewar
     nothing to learn) are dropped and more prompts are sampled until the batch is full, for at most
     max_dynamic_sampling_rounds rounds; the batch may then hold fewer groups. If no round found a single
     useful group, the last round is kept whole (every advantage 0)."""
-    num_prompts = cfg.generation_batch_size // cfg.num_generations // distributed.world_size()
+    num_prompts = cfg.generation_batch_size // cfg.num_generations // processes.world_size()
     sample = lambda: sample_round(cfg, engine, sampler.take(num_prompts), reward_funcs, reward_weights,  # noqa: E731
                                   max_len, policy, ref_model, tools, on_phase)
     batch = sample()

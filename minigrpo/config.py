@@ -22,7 +22,7 @@ from .trl_names import unknown_key_line
 
 __all__ = ["Config", "ConfigError", "load_config", "coerce_value", "FSDP_OPTIONS"]
 
-# fsdp_config's keys (TRL / accelerate's names) and what each does under FSDP2 (distributed.py).
+# fsdp_config's keys (TRL / accelerate's names) and what each does under FSDP2 (parallel/ddp_fsdp.py).
 FSDP_OPTIONS = {
     "cpu_offload": "sharded parameters, gradients and optimizer state live in CPU memory (FSDP2 CPUOffloadPolicy)",
     "activation_checkpointing": "recompute each block's activations in backward (= gradient_checkpointing)",
@@ -67,7 +67,7 @@ class Config:
     # (logprobs.py): the same numbers for less compute and memory; false: every row runs its prompt (the reference)
     shared_prefix: bool = True
     # several processes (accelerate launch / torchrun): "" = DistributedDataParallel, each holds the whole model;
-    # "full_shard" = FSDP2, parameters, gradients and optimizer state sharded over the processes (distributed.py)
+    # "full_shard" = FSDP2, parameters, gradients and optimizer state sharded over the processes (parallel/)
     fsdp: str = ""
     fsdp_config: dict | None = None  # with fsdp: cpu_offload, activation_checkpointing, reshard_after_forward (bools)
     # --- model: LoRA and 4-bit quantization (TRL's ModelConfig names) ---

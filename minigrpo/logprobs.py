@@ -43,7 +43,7 @@ from .kv_cache import cache_argument
 from .models import AdapterDisabled, is_lora
 from .truncation import truncate_logits, truncates
 
-__all__ = ["plain_completion_logprobs", "completion_logprobs", "head_logprobs", "ChunkedHeadLogprobs",
+__all__ = ["plain_completion_logprobs", "completion_logprobs", "LogprobForward", "head_logprobs", "ChunkedHeadLogprobs",
            "trimmed_chunks", "length_chunks", "BLOCK_ELEMENTS"]
 
 # A block of the head holds at most this many logits (block_tokens x vocabulary): 2^25 float32 = 128 MiB, i.e.
@@ -121,7 +121,7 @@ def completion_logprobs(
     vocabulary). entropy_grad: the entropy with its gradient (an entropy bonus, entropy_coef), which only the
     plain path has: full logits, so the memory the head saves is spent. share_prompts=False: each row runs its own
     prompt (the same numbers, G times the prompt's compute; see the module docstring, 3). one_pass: the whole batch
-    in one call of the decoder, untrimmed (sharded training makes the same calls on every process: distributed.py).
+    in one call of the decoder, untrimmed (sharded training makes the same calls on every process: parallel/ddp_fsdp.py).
     top_k, top_p: the sampler's truncation; the log-probs and entropies are those of the distribution it drew from.
     with_sum_pi_squared: a third output, sum_v pi_v^2 at each position (B, T), computed in the head's blocks like the
     entropy (never a tokens x vocabulary tensor); without gradient only (the optimal token baseline's old policy).
@@ -151,13 +151,32 @@ def completion_logprobs(
     return logp, entropy, torch.zeros_like(logp).masked_scatter(on_token, token_sum_pi_squared[0])  # (B, T)
 
 
+class LogprobForward(torch.nn.Module):
+    """The policy as the loss sees it: `completion_logprobs(model, ...)` as a module's forward, the one object every
+    log-prob of the trainer goes through. With one process the trainer calls it as it is:
+
+        logp, entropy = policy(prompt_ids, prompt_mask, completion_ids, completion_mask, with_entropy=True)
+
+    With W > 1 processes DDP wraps it, or FSDP2 shards it (parallel/ddp_fsdp.py): their gradient hooks and
+    gathers run in a module's forward, and this is that forward. one_pass: see completion_logprobs."""
+
+    def __init__(self, model, one_pass: bool = False):
+        super().__init__()
+        self.model, self.one_pass = model, one_pass
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, **options):
+        if self.one_pass:
+            options["one_pass"] = True
+        return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask, **options)
+
+
 def completion_hidden_states(decoder, config, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
                              share_prompts: bool = True, one_pass: bool = False):
     """The final hidden state that predicts each completion token, (B, T, H): position P + t - 1 for token t (the
     prompt's last position for token 0). The decoder is the model without its head (the final norm included).
     Rows run in length groups, each trimmed to its own longest prompt and completion; pad positions are 0.
     share_prompts: each distinct prompt runs once, its completions on top of its keys and values."""
-    if one_pass:  # one decoder call, whatever the lengths (distributed.py: FSDP gathers a block at each call)
+    if one_pass:  # one decoder call, whatever the lengths (parallel/ddp_fsdp.py: FSDP gathers a block at each call)
         hidden = _completion_hidden_one_pass(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask)
         return hidden * completion_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, H), pad positions 0
     P, T = prompt_ids.shape[1], completion_ids.shape[1]

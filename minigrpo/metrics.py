@@ -36,7 +36,7 @@ from statistics import fmean
 
 import torch
 
-from . import distributed
+from .parallel import processes
 
 __all__ = ["gather_batch", "gather_stats", "step_metrics", "json_line", "finite_or_none",
            "step_counts", "process_metrics"]
@@ -58,7 +58,7 @@ def gather_batch(batch, task) -> dict:
         mine["tool_tokens"] = (batch.completion_mask * (1 - batch.tool_mask)).sum(1).cpu()
     if batch.step_rewards is not None:
         mine.update(step_counts(batch.step_rewards.cpu(), adv, policy_mask))
-    ranks = distributed.gather_objects(mine)
+    ranks = processes.gather_objects(mine)
     return {key: torch.cat([r[key] for r in ranks]) for key in mine}
 
 
@@ -98,7 +98,7 @@ def gather_stats(step_stats: list[dict]) -> list[dict]:
     rest are token means (entropy, clip ratios, ratio, KL): weighted by each rank's tokens, which makes them
     the global batch's token mean. (GSPO's sequence-level clip ratios are sequence means: token-weighting them
     is then an approximation.)"""
-    ranks = distributed.gather_objects(step_stats)
+    ranks = processes.gather_objects(step_stats)
     if len(ranks) == 1:
         return step_stats
     gathered = []

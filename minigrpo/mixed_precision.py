@@ -37,7 +37,7 @@ Where float32 stays, and why:
     term and the aggregation. Sampling draws from float32 probabilities (rollout.next_token).
 
 Several processes: with DistributedDataParallel every process holds the same averaged gradients, so every scaler
-decides alike. Under FSDP2 (distributed.py) each process holds a shard of the gradients, and an overflow in one
+decides alike. Under FSDP2 (parallel/ddp_fsdp.py) each process holds a shard of the gradients, and an overflow in one
 shard must stop every process's step: the gradients are DTensors, whose inf check torch reduces over the processes
 (the max of every process's "found inf"; torch.distributed.tensor's found_inf_reduce_handler), so the same scaler
 serves there too (tests/test_fsdp.py plants an overflow in one process's shard: both skip the step).
@@ -47,7 +47,6 @@ import math
 
 import torch
 
-from . import distributed
 
 __all__ = ["autocast_dtype", "grad_scaler", "scaled_backward", "optimizer_step"]
 
@@ -78,7 +77,7 @@ def optimizer_step(optimizer, parameters, max_grad_norm: float, scaler=None, *, 
     on) and, without one, raises FloatingPointError naming `where`, before the weights change."""
     if scaler is not None:
         scaler.unscale_(optimizer)  # float32 gradients / S: the norm and the clipping see the true gradient
-    grad_norm = distributed.clip_grad_norm(parameters, max_grad_norm)
+    grad_norm = clip_grad_norm(parameters, max_grad_norm)
     skipped = not math.isfinite(grad_norm)
     if scaler is None:
         if skipped:  # a finite loss can still have an inf/nan gradient
@@ -88,3 +87,11 @@ def optimizer_step(optimizer, parameters, max_grad_norm: float, scaler=None, *, 
     scaler.step(optimizer)  # skipped by the scaler itself when unscale_ found an inf or nan
     scaler.update()  # S / 2 after an overflow; 2 S after growth_interval clean steps
     return grad_norm, skipped
+
+
+def clip_grad_norm(parameters, max_norm: float) -> float:
+    """torch's clip_grad_norm_ (the norm of the global gradient, sharded or not) as a float."""
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, the same on every process
+        norm = norm.full_tensor()
+    return norm.item()

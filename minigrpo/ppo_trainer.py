@@ -46,7 +46,8 @@ from typing import get_type_hints
 import torch
 from tqdm.auto import tqdm
 
-from . import advantages, distributed
+from . import advantages
+from .parallel import processes
 from .advantages import group_advantages
 from .batch import PromptSampler
 from .collect import collect_batch
@@ -128,7 +129,7 @@ def _check(cfg: Config, ppo: PPOConfig) -> None:
                    "mask_truncated_completions": False, "load_in_4bit": False, "num_remains_in_group": None,
                    "top_p": 1.0, "top_k": 0,  # a truncated sampler's log-probs: the GRPO family's (truncation.py)
                    "fp16": False}  # loss scaling is the GRPO family's and SFT's (mixed_precision.py); bf16 works
-    if distributed.launched_processes() > 1:
+    if processes.launched_processes() > 1:
         raise ConfigError("train_ppo: one process only (several processes: minigrpo train, the GRPO family)")
     if cfg.fsdp:  # the critic (ppo_critic.ValueModel, a second decoder) is neither wrapped nor sharded
         raise ConfigError("fsdp: not supported by train_ppo (one process, critic unsharded); shard GRPO-family runs "

@@ -75,7 +75,7 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
+from .parallel import processes
 from .errors import ConfigError
 from .models import is_lora, is_quantized, kv_size
 from .prompts import encode_prompts
@@ -129,7 +129,7 @@ class VLLMEngine:
         if is_quantized(model) and not self.adapter_sync:
             raise ConfigError("use_vllm: a 4-bit (load_in_4bit) base cannot be merged with its adapter and sent to "
                               "vLLM; sync the adapter alone (lora_sync='adapter', the default)")
-        if distributed.world_size() > 1:
+        if processes.world_size() > 1:
             raise ConfigError("use_vllm: one training process only (several would each need their own engine); "
                               "run without accelerate launch / torchrun, or leave use_vllm off")
         vllm = import_vllm()

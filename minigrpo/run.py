@@ -23,7 +23,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from . import distributed
+from .parallel import processes
 from .batch import ToolSetup
 from .checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
                          save_checkpoint, truncate_metrics)
@@ -98,8 +98,8 @@ def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None
     random.seed(cfg.seed)
     task = get_task(cfg.task, answer_grader=cfg.answer_grader)
     model, tokenizer = load_policy(cfg, policy_path(cfg, task), device, model=model, tokenizer=processing_class)
-    if distributed.world_size() > 1:
-        torch.manual_seed(cfg.seed + distributed.rank())
+    if processes.world_size() > 1:
+        torch.manual_seed(cfg.seed + processes.rank())
     train_rows, test_rows = run_rows(cfg, task, train_rows, eval_rows)
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs, train_rows, test_rows, device)
@@ -131,7 +131,7 @@ def claim_output_dir(cfg: Config) -> Path:
     before any of them writes."""
     out = Path(cfg.output_dir)
     problem = None
-    if distributed.is_main():
+    if processes.is_main():
         found = [name for name in RUN_FILES if (out / name).exists()]
         resumed = Path(cfg.resume_from_checkpoint).resolve() if cfg.resume_from_checkpoint else None
         resuming_here = resumed is not None and out.resolve() in (resumed, *resumed.parents)
@@ -142,7 +142,7 @@ def claim_output_dir(cfg: Config) -> Path:
             problem = (f"output_dir: {out} holds another run's results ({', '.join(found)}); nothing was written. "
                        f"Choose another --out, continue that run with --resume {out}, or replace it with "
                        f"--overwrite-output-dir")
-    problem = distributed.broadcast_object(problem)
+    problem = processes.broadcast_object(problem)
     if problem:
         raise ConfigError(problem)
     out.mkdir(parents=True, exist_ok=True)
@@ -279,9 +279,9 @@ def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
         ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
         defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
         start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
-                                                rank=distributed.rank(), world_size=distributed.world_size(),
+                                                rank=processes.rank(), world_size=processes.world_size(),
                                                 config_defaults=defaults)
-        if distributed.is_main():
+        if processes.is_main():
             for name in ("metrics.jsonl", "completions.jsonl"):
                 truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
         return start_step, run_state
@@ -377,7 +377,7 @@ def same_run(written: dict, config: dict) -> bool:
 
 def say(message: str) -> None:
     """One line for the person watching (the main process only), printed above any progress bar."""
-    if distributed.is_main() and os.environ.get("RANK", "0") == "0":  # RANK: before the process group is joined
+    if processes.is_main() and os.environ.get("RANK", "0") == "0":  # RANK: before the process group is joined
         tqdm.write(message)
 
 
@@ -426,8 +426,8 @@ def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: 
 def evaluate_on_main(policy, evaluate_on, rows: list[dict], num_samples: int = 0, label: str | None = None):
     """evaluate_on(rows) on the main process, the whole weights gathered first (FSDP2); None on the others.
     label ("before training"): a progress bar while it runs, and one line with the result as soon as it is known."""
-    with distributed.full_weights(policy):
-        if not distributed.is_main():
+    with processes.full_weights(policy):
+        if not processes.is_main():
             return None
         result = evaluate_on(rows, num_samples=num_samples, progress=label or None)
     if label:
@@ -456,9 +456,9 @@ def save_step_checkpoint(cfg: Config, out: Path, step: int, *, model, policy, sa
     process's RNGs gathered to rank 0; with FSDP2 every process writes its own shards. bar: the loop's progress
     bar, which says a checkpoint is being written and how large it is. training_objects: optimizer, scheduler,
     ref_model (a reference that moves, or None)."""
-    states = distributed.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
-    sharded = distributed.is_sharded(policy)  # FSDP2: every process writes its own shards
-    if not (distributed.is_main() or sharded):
+    states = processes.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
+    sharded = processes.is_sharded(policy)  # FSDP2: every process writes its own shards
+    if not (processes.is_main() or sharded):
         return
     if bar is not None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -536,7 +536,7 @@ def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: 
 
     Peak memory is read before saving: merging a LoRA adapter reloads the base model. extra: what one trainer
     adds to the summary; plot_extra(run_dirs, plots_dir): its own plots. state_dict: the whole model's, gathered
-    from its shards (FSDP2, distributed.full_state_dict), saved instead of the model's own."""
+    from its shards (FSDP2, parallel/processes.full_state_dict), saved instead of the model's own."""
     peak_memory = peak_memory_bytes(device)
     params = parameter_counts(model)
     if cfg.save_model:  # LoRA: the adapter in model/, the merged model in model_merged/

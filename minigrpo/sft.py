@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import distributed
+from .parallel import processes
 from .config import Config, ConfigError
 from .mixed_precision import optimizer_step, scaled_backward
 from .models import resolve_device
@@ -99,7 +99,7 @@ def train_sft(cfg: Config, *, batch_size: int = 128, max_seconds: float | None =
     """
     if type(get_task(cfg.task)).make_problem is Task.make_problem:
         raise ConfigError(f"task: train_sft draws problems from a task's generator; {cfg.task!r} has none")
-    if distributed.launched_processes() > 1:
+    if processes.launched_processes() > 1:
         raise ConfigError("train_sft: one process only")
     for key, default in SFT_UNSUPPORTED.items():  # what the loop would otherwise silently ignore
         if getattr(cfg, key) != default:

@@ -11,9 +11,10 @@
         save      every save_steps steps, a checkpoint to resume from exactly          checkpoint.py
 
 What this loop simplifies, on purpose:
-  * One device per process; several processes (`accelerate launch` / `torchrun`) split each batch by whole
-    groups and average their gradients with DistributedDataParallel, or shard the model with FSDP2 (`fsdp`;
-    distributed.py).
+  * One device per process. Every log-prob goes through one object, `policy`: with one process that is
+    logprobs.LogprobForward(model), the model's forward, called as it is. Several processes (`accelerate launch` /
+    `torchrun`) split each batch by whole groups and average their gradients with DistributedDataParallel, or
+    shard the model with FSDP2 (`fsdp`): `policy` is then their wrapping of it (parallel/, imported only then).
   * Generation with the policy itself (rollout.py's decode loop, via engines.py), or with a colocated vLLM
     engine (`use_vllm`, rollout_vllm.py, tested on the CPU) whose weights are synced after each batch's updates;
     its log-probs differ a little from the trainer's: logged, and corrected as TRL does (engine_mismatch.py).
@@ -27,7 +28,7 @@ What this loop simplifies, on purpose:
     one no-grad forward per batch; training all weights it costs a frozen copy of the model, as beta > 0 does (with
     sync_ref_model the reference moves, and the drift is measured from where it has moved to).
   * Each mini-batch is one optimizer step; gradient_accumulation_steps splits it into micro-batches for memory
-    only (the same step, see loss_share).
+    only (the same step: each micro-batch's loss is its share of the mini-batch's, objectives/aggregation.py).
   * 16 bits for the forward passes only (bf16, or fp16 with loss scaling on GPUs without bfloat16): the trained
     weights, the log-probs and the loss stay float32, and fp16 skips (and counts) a step whose gradients overflow
     (mixed_precision.py).
@@ -43,17 +44,16 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from . import distributed
 from .batch import Batch, PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError
-from .distributed import completion_logprobs  # logprobs.py's, through DDP's / FSDP2's forward when wrapped
 from .isolation import take_failed_count
 from .kl import sequence_kl
 from .metrics import gather_batch, gather_stats, step_metrics
 from .mixed_precision import optimizer_step, scaled_backward
 from .models import reference_policy, refresh_reference, resolve_device
-from .objectives import AGGREGATIONS, get_loss, policy_loss
+from .objectives import policy_loss
+from .parallel import processes
 from .run import (checkpoint_due, eval_due, evaluate_on_main, evaluator, finish_run, load_run, make_engine,
                   make_optimizer, open_log, record_inputs, save_step_checkpoint, start_or_resume, tool_setup,
                   vllm_correction, write_config)
@@ -78,36 +78,32 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     What was handed over is named in the config.yaml the run writes (run.record_inputs).
     progress: a progress bar for every long wait, and a line for each result as soon as it is known.
     Under `accelerate launch` / `torchrun` with W processes, each one trains on 1/W of every batch
-    (distributed.py); rank 0 alone evaluates and writes, and every rank returns the summary.
+    (parallel/); rank 0 alone evaluates and writes, and every rank returns the summary.
     """
     cfg, train_rows, eval_rows = record_inputs(cfg, reward_funcs, tools, model, train_dataset, eval_dataset)
-    device = distributed.setup(resolve_device(cfg.device))  # joins the process group when launched W > 1 times
+    device = processes.setup(resolve_device(cfg.device))  # joins the process group when launched W > 1 times
     check_processes(cfg)
     run = load_run(cfg, device, reward_funcs, model=model, processing_class=processing_class, train_rows=train_rows,
                    eval_rows=eval_rows)  # claims output_dir; seeded: the task, the policy, its rows and rewards
     model, tokenizer, task, out, max_len = run.model, run.tokenizer, run.task, run.out, run.max_completion_length
     drift = any(getattr(f, "learned", False) for f in run.reward_funcs)  # a learned reward: log KL(pi || pi_init)
     ref_model = reference_policy(model) if cfg.beta > 0 or drift else None
-    # What the loss's log-probs run through: model and ref_model themselves (one process), else DDP's or FSDP2's
-    # forward (distributed.py). FSDP2 shards model and ref_model in place; the rest of the loop calls them bare.
-    policy, ref_policy = distributed.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
-                                          compute_dtype=run.compute_dtype)
+    # Every log-prob of the loss goes through policy: LogprobForward(model) alone, DDP's / FSDP2's when W > 1.
+    policy, ref_policy = processes.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
+                                        compute_dtype=run.compute_dtype)
     tools = tool_setup(cfg, task, tools, model, tokenizer, environment_factory)  # None: single-turn completions
-    reward_funcs, weights = run.reward_funcs, run.reward_weights
-    if tools is not None and tools.environments is not None and tools.environments.has_reward:
-        reward_funcs, weights = reward_funcs + [tools.environments.reward_func()], weights + [1.0]
+    reward_funcs, weights = with_environment_reward(run.reward_funcs, run.reward_weights, tools)
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
-    sampler = PromptSampler(run.train_rows, cfg.seed, distributed.rank(), distributed.world_size())
-    main = distributed.is_main()
+    sampler = PromptSampler(run.train_rows, cfg.seed, processes.rank(), processes.world_size())
     moving_ref = ref_model if cfg.sync_ref_model else None  # a reference that changes is part of the run's state
     start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
                                             sampler=sampler, reward_funcs=reward_funcs, ref_model=moving_ref,
                                             scaler=run.scaler)
     # The policy's own decode loop, or vLLM (use_vllm), made after the resume so that it copies the restored weights.
     engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len)
-    if main:  # one process writes the run directory
+    if processes.is_main():  # one process writes the run directory
         write_config(out, cfg, resume_from_checkpoint=None)  # resuming is an action, not a setting
-    log = open_log(cfg, out, reward_funcs, resume_step=start_step, enabled=main)
+    log = open_log(cfg, out, reward_funcs, resume_step=start_step, enabled=processes.is_main())
     evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
     take_failed_count()  # verifier failures are counted from this run's first step
     if run_state["before"] is None:  # printed as soon as it is known; a resumed run carries it in its checkpoint
@@ -115,12 +111,12 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
                                                label=progress and "before training")
 
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
-               disable=not (progress and main), dynamic_ncols=True)
+               disable=not (progress and processes.is_main()), dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (collect.py).
         # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
-        with run.autocast(), distributed.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
+        with run.autocast(), processes.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools,
                                   on_phase=bar.set_postfix_str)  # the bar names the phase: sampling, scoring
         t_generate = time.perf_counter() - t0
@@ -141,90 +137,116 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         run_state["wall_seconds"] += step_seconds
 
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
-        gathered = gather_batch(batch, task)
-        row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), log.reward_names)}
-        failed = distributed.gather_objects(take_failed_count())  # third-party verifiers' failed calls (isolation.py)
-        if any(n is not None for n in failed):  # every rank gathers, whether its rewards called a verifier or not
-            row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
-        row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
+        row, correct = step_row(step, batch, task, step_stats, log, sampling_stats, learning_rate=learning_rate,
+                                step_seconds=step_seconds, generate_seconds=t_generate)
         if eval_due(cfg, step):
             bar.set_postfix_str(f"evaluating on {min(cfg.eval_num_problems, len(run.test_rows))} problems")
             result = evaluate_on_main(policy, evaluate_on, run.test_rows[: cfg.eval_num_problems])
             row.update({"eval/accuracy_greedy": result["accuracy_greedy"]} if result else {})
-        if main:
-            log.log(step, row, batch, gathered["correct"].tolist())  # rank 0's rows come first in gathered
+        if processes.is_main():
+            log.log(step, row, batch, correct)  # rank 0's rows come first in the gathered batch
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
         if checkpoint_due(cfg, step):
             save_step_checkpoint(cfg, out, step, model=model, policy=policy, sampler=sampler, reward_funcs=reward_funcs,
                                  run_state=run_state, bar=bar, optimizer=optimizer, scheduler=scheduler,
                                  ref_model=moving_ref, scaler=run.scaler)
-    log.close()
-    if tools is not None:
-        tools.worker.close()
-
-    after = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
-                             label=progress and "after training")
-    summary = None
-    # FSDP2: the whole model gathered to rank 0, which saves it as one ordinary folder
-    full_state = distributed.full_state_dict(model) if distributed.is_sharded(policy) and cfg.save_model else None
-    if main:  # rank 0 evaluates, saves and writes; every rank returns its summary
-        summary = finish_run(cfg, task, model, tokenizer, out, before=run_state["before"], after=after,
-                             num_test_problems=len(run.test_rows), wall_seconds=run_state["wall_seconds"],
-                             device=device, state_dict=full_state,
-                             resumed_from_step=start_step if cfg.resume_from_checkpoint else None)
-    summary = distributed.broadcast_object(summary)
+    summary = wrap_up(cfg, run, policy, log, tools, evaluate_on, run_state, device=device, start_step=start_step,
+                      progress=progress)
     del policy, ref_policy  # DDP's reducer must go before its process group does
-    distributed.cleanup()
+    processes.cleanup()
     return summary
 
 
-def prepare_update(cfg: Config, inputs: Batch, model, ref_model, autocast, drift: bool = False) -> tuple[Batch, dict]:
+def wrap_up(cfg: Config, run, policy, log, tools, evaluate_on, run_state: dict, *, device, start_step: int,
+            progress: bool) -> dict:
+    """After the last step: close the log and the tools' worker, evaluate, and on rank 0 save the policy and write
+    summary.json and the plots (run.finish_run); every rank returns the summary."""
+    log.close()
+    if tools is not None:
+        tools.worker.close()
+    after = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
+                             label=progress and "after training")
+    # FSDP2: the whole model gathered to rank 0, which saves it as one ordinary folder (else None: saved as it is)
+    full_state = processes.full_state_dict(run.model, policy) if cfg.save_model else None
+    summary = None
+    if processes.is_main():  # rank 0 evaluates, saves and writes
+        summary = finish_run(cfg, run.task, run.model, run.tokenizer, run.out, before=run_state["before"], after=after,
+                             num_test_problems=len(run.test_rows), wall_seconds=run_state["wall_seconds"],
+                             device=device, state_dict=full_state,
+                             resumed_from_step=start_step if cfg.resume_from_checkpoint else None)
+    return processes.broadcast_object(summary)
+
+
+def with_environment_reward(reward_funcs: list, weights: list, tools) -> tuple[list, list]:
+    """The run's reward functions, and an environment's own get_reward() as one more (weight 1) if it has one."""
+    if tools is not None and tools.environments is not None and tools.environments.has_reward:
+        return reward_funcs + [tools.environments.reward_func()], weights + [1.0]
+    return reward_funcs, weights
+
+
+def step_row(step: int, batch: Batch, task, step_stats: list[dict], log, sampling_stats: dict, *,
+             learning_rate: float, step_seconds: float, generate_seconds: float) -> tuple[dict, list]:
+    """Step 6's metrics line, from every process's share of the batch (metrics.py; TRL's names), and which of the
+    gathered completions were correct (for the completions log)."""
+    gathered = gather_batch(batch, task)
+    row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), log.reward_names)}
+    failed = processes.gather_objects(take_failed_count())  # third-party verifiers' failed calls (isolation.py)
+    if any(n is not None for n in failed):  # every rank gathers, whether its rewards called a verifier or not
+        row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
+    row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=generate_seconds,
+               tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
+    return row, gathered["correct"].tolist()
+
+
+def prepare_update(cfg: Config, inputs: Batch, policy, ref_policy, autocast, drift: bool = False
+                   ) -> tuple[Batch, dict]:
     """Step 4 of the loop: the batch's loss mask, old and reference log-probs, and the sampler correction.
 
     The loss acts on the policy's own tokens: tool output is context, not an action (train_on_tool_output: the
     bug, for teaching), less truncated completions with mask_truncated_completions (DAPO). Old log-probs are
     computed once per batch and only when they can differ from the current policy's (with vLLM always: its
     log-probs are compared with ours before any update, as TRL does); the policy that sampled has no dropout.
-    Reference log-probs: for the KL term (beta > 0), and for the drift from the start (drift: a learned reward)."""
+    Reference log-probs: for the KL term (beta > 0), and for the drift from the start (drift: a learned reward).
+    policy, ref_policy: LogprobForward(model) (and of the reference, or None), or their engines' (parallel/)."""
     inputs.loss_mask = inputs.completion_mask if cfg.train_on_tool_output else inputs.policy_mask
     if cfg.mask_truncated_completions:  # a cut-off completion teaches nothing about its ending
         inputs.loss_mask = inputs.loss_mask * (~inputs.is_truncated).unsqueeze(1)
     ids = (inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask)
     needs_old = cfg.num_iterations > 1 or cfg.steps_per_generation > 1 or inputs.sampling_logp is not None
-    model.eval()
+    policy.eval()
     with torch.no_grad(), autocast():
         options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, share_prompts=cfg.shared_prefix)
-        inputs.old_logp = completion_logprobs(model, *ids, **options)[0] if needs_old else None
+        inputs.old_logp = policy(*ids, **options)[0] if needs_old else None
         use_ref = (cfg.beta > 0 and not cfg.kl_in_reward) or drift
-        inputs.ref_logp = completion_logprobs(ref_model, *ids, **options)[0] if use_ref else None
+        inputs.ref_logp = ref_policy(*ids, **options)[0] if use_ref else None
     # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
     inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
     return inputs, sampling_stats
 
 
-def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_length: int,
+def grpo_update(policy, optimizer, inputs: Batch, cfg: Config, *, max_completion_length: int,
                 autocast=contextlib.nullcontext, step: int = 0, scaler=None, drift: bool = False) -> list[dict]:
     """Step 5 of the loop: num_iterations passes over the batch, each in steps_per_generation mini-batches, one
     optimizer step per mini-batch. Returns each mini-batch's statistics (policy_loss's, plus loss, grad_norm,
     tokens and entropy; with fp16's scaler, skipped (1.0 where an overflow skipped the step) and loss_scale).
 
-    inputs: a Batch on the model's device, N completions, with loss_mask set (the policy's tokens, less what
+    policy: LogprobForward(model), or its engine's (parallel/). inputs: a Batch on the model's device, N completions, with loss_mask set (the policy's tokens, less what
     mask_truncated_completions drops) and old_logp, ref_logp, is_weight, sampling_logp each None when not used
     (old_logp None: on-policy, the ratio is 1).
 
-    gradient_accumulation_steps > 1 runs each mini-batch in that many micro-batches (less memory), each loss scaled
-    by its share of the mini-batch's normaliser (`loss_share`), gradients summed: the same optimizer step.
+    gradient_accumulation_steps > 1 runs each mini-batch in that many micro-batches (less memory), each loss its
+    share of the mini-batch's (objectives/aggregation.py, which also knows the W processes), gradients summed: the
+    same optimizer step.
     scaler: fp16's GradScaler (mixed_precision.py): every micro-batch's backward is of S * loss, the gradients are
     unscaled before clipping, and a step whose gradients overflowed is skipped instead of stopping the run.
     drift: also report drift/kl, KL(pi_old || pi_ref) per completion (kl.sequence_kl), from inputs.ref_logp.
     """
-    N, W = inputs.adv.shape[0], distributed.world_size()
+    N, W = inputs.adv.shape[0], processes.world_size()
     loss_mask = inputs.loss_mask
-    # dapo/cispo divide each mini-batch's summed loss by the batch's tokens per mini-batch (TRL's num_items_in_batch).
-    # With W processes the gradients are averaged, so each divides by the global count / W.
-    num_tokens = distributed.all_reduce_sum(loss_mask.sum())
+    # dapo/cispo divide each mini-batch's summed loss by the batch's tokens per mini-batch, over all W processes
+    # (TRL's num_items_in_batch); the aggregation takes each process's share of it.
+    num_tokens = processes.all_reduce_sum(loss_mask.sum())
     step_stats = []
     for _ in range(cfg.num_iterations):
         for mb in torch.randperm(N).split(N // cfg.steps_per_generation):  # the same on every rank
@@ -233,20 +255,19 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
             # Micro-batches of whole groups where they can be (rows i*G .. i*G+G-1 share a prompt, so sorted rows
             # keep groups together): each holds few distinct prompts, which the shared prefix runs once each.
             micro_batches = mb.sort().values if cfg.gradient_accumulation_steps > 1 else mb
+            mini_batch = dict(mini_batch_rows=len(mb), mini_batch_tokens=processes.all_reduce_sum(loss_mask[mb].sum()),
+                              dp_size=W, num_items_in_batch=num_tokens / cfg.steps_per_generation)
             for i, micro in enumerate(micro_batches.split(len(mb) // cfg.gradient_accumulation_steps)):
-                with distributed.no_sync(model, last_micro_batch=i == cfg.gradient_accumulation_steps - 1):  # DDP
-                    loss, stats = micro_batch_loss(model, inputs, micro, cfg, max_completion_length, autocast,
-                                                   num_items_in_batch=num_tokens / cfg.steps_per_generation / W,
-                                                   drift=drift)
-                if cfg.gradient_accumulation_steps > 1 or (micro_batch_share(cfg.loss_type) == "tokens" and W > 1):
-                    loss = loss * loss_share(cfg.loss_type, loss_mask, micro, mb)
+                with processes.no_sync(policy, last_micro_batch=i == cfg.gradient_accumulation_steps - 1):  # DDP
+                    loss, stats = micro_batch_loss(policy, inputs, micro, cfg, max_completion_length, autocast,
+                                                   drift=drift, **mini_batch)  # this micro-batch's share of the mini-batch's loss
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
                 scaled_backward(loss, scaler)  # fp16: of S * loss
                 micro_stats.append({**stats, "loss": loss.item()})
             # W > 1: DDP / FSDP2 averaged the gradients in backward: the global batch's gradient, on every rank.
             # Clip and step; a non-finite gradient stops the run, or with fp16's scaler skips the step (an overflow)
-            grad_norm, skipped = optimizer_step(optimizer, model.parameters(), cfg.max_grad_norm, scaler,
+            grad_norm, skipped = optimizer_step(optimizer, policy.parameters(), cfg.max_grad_norm, scaler,
                                                 where=f"step {step}: ")
             stats = {**merge_micro_stats(micro_stats), "grad_norm": grad_norm}
             if scaler is not None:
@@ -255,26 +276,27 @@ def grpo_update(model, optimizer, inputs: Batch, cfg: Config, *, max_completion_
     return step_stats
 
 
-def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_completion_length: int, autocast,
-                     num_items_in_batch, drift: bool = False) -> tuple[torch.Tensor, dict]:
-    """policy_loss on the given rows of the batch: a forward pass of the policy, then the objective. drift: also
-    drift/kl, the mean over the rows of KL(pi_old || pi_ref) (pi_old: the policy that sampled them; no extra pass)."""
+def micro_batch_loss(policy, inputs: Batch, rows: torch.Tensor, cfg: Config, max_completion_length: int, autocast,
+                     drift: bool = False, **mini_batch) -> tuple[torch.Tensor, dict]:
+    """policy_loss on the given rows of the batch: a forward pass of the policy, then the objective. mini_batch:
+    num_items_in_batch and what makes the loss this micro-batch's share of the mini-batch's (policy_loss's).
+    drift: also drift/kl, the mean over the rows of KL(pi_old || pi_ref) (pi_old: the policy that sampled them; no
+    extra pass)."""
     mb = inputs.select(rows)
     with autocast():
-        logp, entropy = completion_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                            mb.completion_mask, temperature=cfg.temperature, with_entropy=True,
-                                            entropy_grad=cfg.entropy_coef > 0, share_prompts=cfg.shared_prefix,
-                                            top_k=cfg.top_k, top_p=cfg.top_p)
+        logp, entropy = policy(mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.completion_mask,
+                               temperature=cfg.temperature, with_entropy=True, entropy_grad=cfg.entropy_coef > 0,
+                               share_prompts=cfg.shared_prefix, top_k=cfg.top_k, top_p=cfg.top_p)
     kl_in_loss = mb.ref_logp is not None and not cfg.kl_in_reward  # ref_logp may be there for the drift alone
     loss, stats = policy_loss(
         logp, logp.detach() if mb.old_logp is None else mb.old_logp, mb.adv, mb.loss_mask, loss_type=cfg.loss_type,
         importance_sampling_level=cfg.importance_sampling_level, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
         delta=cfg.delta, beta=cfg.beta if kl_in_loss else 0.0, ref_logp=mb.ref_logp,
         kl_estimator=cfg.kl_estimator, max_completion_length=max_completion_length,
-        num_items_in_batch=num_items_in_batch, token_weights=mb.is_weight, sampling_logp=mb.sampling_logp,
+        token_weights=mb.is_weight, sampling_logp=mb.sampling_logp,
         entropies=entropy, use_bias_correction_kl=cfg.use_bias_correction_kl,
         off_policy_mask_threshold=cfg.off_policy_mask_threshold, top_entropy_quantile=cfg.top_entropy_quantile,
-        entropy_coef=cfg.entropy_coef, **cfg.policy_loss_options(),  # the loss type's own (vespo_k_pos=..., ...)
+        entropy_coef=cfg.entropy_coef, **mini_batch, **cfg.policy_loss_options(),  # the loss type's own options
     )
     policy_mask = mb.policy_mask  # entropy and token counts over the policy's own tokens
     stats.update(tokens=policy_mask.sum().item(),
@@ -283,28 +305,6 @@ def micro_batch_loss(model, inputs: Batch, rows: torch.Tensor, cfg: Config, max_
         sampler_logp = logp.detach() if mb.old_logp is None else mb.old_logp
         stats["drift/kl"] = sequence_kl(sampler_logp, mb.ref_logp, policy_mask).mean().item()
     return loss, stats
-
-
-def micro_batch_share(loss_type: str) -> str:
-    """"rows", "tokens" or "none": how the loss type's aggregation splits over micro-batches (objectives/aggregation.py)."""
-    return AGGREGATIONS[get_loss(loss_type).aggregation].micro_batch_share
-
-
-def loss_share(loss_type: str, loss_mask: torch.Tensor, micro: torch.Tensor, mini: torch.Tensor) -> torch.Tensor | float:
-    """The factor that makes a micro-batch's loss its part of the mini-batch's: summed over the micro-batches (and
-    averaged over the W processes), the scaled losses are the mini-batch's loss, and so are their gradients.
-
-        mean over completions (grpo, dr_grpo, ...)   |micro| / |mini|
-        mean over tokens (bnpo)                      tokens(micro) * W / tokens(mini, all processes)
-        sum / num_items_in_batch (dapo, cispo, ...)  1: the normaliser is already the mini-batch's
-    """
-    share = micro_batch_share(loss_type)
-    if share == "rows":
-        return len(micro) / len(mini)
-    if share == "tokens":
-        micro_tokens = loss_mask[micro].sum()
-        return micro_tokens * distributed.world_size() / distributed.all_reduce_sum(loss_mask[mini].sum()).clamp(min=1)
-    return 1.0
 
 
 def merge_micro_stats(micro_stats: list[dict]) -> dict:
@@ -320,7 +320,7 @@ def merge_micro_stats(micro_stats: list[dict]) -> dict:
 
 def check_processes(cfg: Config) -> None:
     """One-line errors for what cannot be split over this run's W processes."""
-    W = distributed.world_size()
+    W = processes.world_size()
     if (cfg.generation_batch_size // cfg.num_generations) % W:
         raise ConfigError(f"generation_batch_size: {cfg.generation_batch_size // cfg.num_generations} prompts per "
                           f"step cannot be split into whole groups over {W} processes")

@@ -27,6 +27,7 @@ from minigrpo.batch import PromptSampler
 from minigrpo.collect import collect_batch
 from minigrpo.config import Config
 from minigrpo.engines import GenerateEngine
+from minigrpo.logprobs import LogprobForward
 from minigrpo.models import load_model_and_tokenizer
 from minigrpo.rewards import build_reward_funcs
 from minigrpo.run import make_optimizer
@@ -69,8 +70,8 @@ def main() -> None:
     for round_ in range(args.warmup + args.steps):
         for name, cfg in configs.items():
             batch, wall, cpu = timed(lambda: collect_batch(cfg, engine, sampler, reward_funcs, [1.0], max_len, model))
-            inputs, _ = prepare_update(cfg, batch, model, None, contextlib.nullcontext)
-            _, wall_u, cpu_u = timed(lambda: grpo_update(model, optimizer, inputs, cfg, max_completion_length=max_len))
+            inputs, _ = prepare_update(cfg, batch, LogprobForward(model), None, contextlib.nullcontext)
+            _, wall_u, cpu_u = timed(lambda: grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=max_len))
             if round_ >= args.warmup:
                 for key, value in (("rollout", wall), ("rollout_cpu", cpu), ("update", wall_u), ("update_cpu", cpu_u)):
                     times[name][key].append(value)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import minigrpo.logprobs
 import minigrpo.trainer
-from minigrpo import distributed
 from minigrpo.config import load_config
+from minigrpo.parallel import ddp_fsdp, processes
 from minigrpo.rollout import rollout_from_ids
 
 
@@ -62,7 +62,7 @@ def plant_overflow(step: int) -> None:
     def planted(optimizer, parameters, *args, **kwargs):
         parameters = list(parameters)
         calls.append(1)
-        if len(calls) == step and distributed.is_main():
+        if len(calls) == step and processes.is_main():
             grad = next(p for p in parameters if p.grad is not None).grad
             (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = math.inf
         return optimizer_step(optimizer, parameters, *args, **kwargs)
@@ -83,7 +83,7 @@ def held_elements(optimizer) -> dict:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     moments = [state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
     steps = max(int(state["step"]) for state in optimizer.state.values())  # the optimizer steps this process took
-    return {"params": distributed.local_numel(params), "optimizer_state": distributed.local_numel(moments),
+    return {"params": ddp_fsdp.local_numel(params), "optimizer_state": ddp_fsdp.local_numel(moments),
             "optimizer_steps": steps}
 
 

@@ -97,8 +97,8 @@ def test_uneven_split_is_a_config_error(tmp_path, monkeypatch):
     from minigrpo.trainer import train
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr("minigrpo.distributed.setup", lambda device: device)
-    monkeypatch.setattr("minigrpo.distributed.world_size", lambda: 2)
+    monkeypatch.setattr("minigrpo.parallel.processes.setup", lambda device: device)
+    monkeypatch.setattr("minigrpo.parallel.processes.world_size", lambda: 2)
     with pytest.raises(ConfigError, match="generation_batch_size: 3 prompts"):
         train(Config(output_dir=str(tmp_path), num_generations=4, generation_batch_size=12), progress=False)
     with pytest.raises(ConfigError, match="gradient_accumulation_steps: 16 does not divide the 8 completions"):
@@ -115,7 +115,7 @@ def test_uneven_split_is_a_config_error(tmp_path, monkeypatch):
 
 def test_world_size_one_is_a_no_op():
     """Without a launcher nothing is initialised and the collectives return their input."""
-    from minigrpo import distributed
+    from minigrpo.parallel import processes as distributed
 
     assert os.environ.get("WORLD_SIZE", "1") == "1" or distributed.world_size() == 1
     x = torch.tensor([1.0, 2.0])

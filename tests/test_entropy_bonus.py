@@ -8,6 +8,7 @@ from minigrpo.config import Config
 from minigrpo.logprobs import completion_logprobs
 from minigrpo.models import load_model
 from minigrpo.batch import Batch
+from minigrpo.logprobs import LogprobForward
 from minigrpo.trainer import grpo_update
 
 
@@ -24,7 +25,7 @@ def test_an_entropy_bonus_alone_moves_the_policy_toward_more_entropy(random_mode
     for coef in (0.0, 0.5):
         m = copy.deepcopy(model)
         cfg = Config(num_generations=4, generation_batch_size=4, entropy_coef=coef, max_grad_norm=1e9)
-        stats[coef] = grpo_update(m, torch.optim.SGD(m.parameters(), lr=0.5), inputs, cfg, max_completion_length=5)[0]
+        stats[coef] = grpo_update(LogprobForward(m), torch.optim.SGD(m.parameters(), lr=0.5), inputs, cfg, max_completion_length=5)[0]
         if coef:
             assert mean_entropy(m) > mean_entropy(model)
     assert stats[0.0]["grad_norm"] == 0.0  # A = 0: nothing to learn without the bonus

@@ -19,6 +19,7 @@ from minigrpo.logprobs import completion_logprobs, plain_completion_logprobs
 from minigrpo.mixed_precision import autocast_dtype, grad_scaler
 from minigrpo.models import load_model
 from minigrpo.objectives import policy_loss
+from minigrpo.logprobs import LogprobForward
 from minigrpo.trainer import grpo_update, train
 
 N, P, T = 8, 5, 7
@@ -111,13 +112,13 @@ def test_an_overflowing_step_is_skipped_counted_and_the_next_one_taken(random_mo
     before = copy.deepcopy(model.state_dict())
 
     plant_inf_gradient(monkeypatch, calls={1})
-    (skipped,) = grpo_update(model, optimizer, inputs, cfg, **update)
+    (skipped,) = grpo_update(LogprobForward(model), optimizer, inputs, cfg, **update)
     assert skipped["skipped"] == 1.0 and not math.isfinite(skipped["grad_norm"])
     assert skipped["loss_scale"] == 2.0**15  # 65,536 halved
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no weight moved
     assert optimizer.state == {} or all(s["step"] == 0 for s in optimizer.state.values())  # AdamW never stepped
 
-    (taken,) = grpo_update(model, optimizer, inputs, cfg, **update)  # call 2: nothing planted
+    (taken,) = grpo_update(LogprobForward(model), optimizer, inputs, cfg, **update)  # call 2: nothing planted
     assert taken["skipped"] == 0.0 and 0 < taken["grad_norm"] < float("inf") and taken["loss_scale"] == 2.0**15
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -135,7 +136,7 @@ def test_gradient_accumulation_takes_the_same_step_under_fp16(random_model_dir):
         cfg = Config(num_generations=4, generation_batch_size=N, gradient_accumulation_steps=ga, max_grad_norm=1e9,
                      fp16=True)
         torch.manual_seed(1)
-        (stats,) = grpo_update(m, optimizer, inputs, cfg, max_completion_length=T, autocast=fp16_autocast,
+        (stats,) = grpo_update(LogprobForward(m), optimizer, inputs, cfg, max_completion_length=T, autocast=fp16_autocast,
                                scaler=grad_scaler(torch.device("cpu"), enabled=True))
         assert stats["skipped"] == 0.0
         norms[ga], weights[ga] = stats["grad_norm"], [p.detach().clone() for p in m.parameters()]

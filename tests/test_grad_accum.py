@@ -8,7 +8,9 @@ import torch
 from minigrpo.config import Config, ConfigError
 from minigrpo.models import load_model
 from minigrpo.batch import Batch
-from minigrpo.trainer import grpo_update, loss_share
+from minigrpo.logprobs import LogprobForward
+from minigrpo.objectives.aggregation import micro_batch_share
+from minigrpo.trainer import grpo_update
 
 N, P, T = 8, 5, 7
 
@@ -36,7 +38,7 @@ def test_micro_batches_take_the_same_step_as_one_pass(random_model_dir, loss_typ
         optimizer = torch.optim.SGD(m.parameters(), lr=1.0)  # SGD: the step is the gradient, nothing hides a difference
         cfg = Config(loss_type=loss_type, num_generations=4, generation_batch_size=N, steps_per_generation=1,
                      gradient_accumulation_steps=ga, max_grad_norm=1e9)
-        stats = grpo_update(m, optimizer, inputs, cfg, max_completion_length=T)
+        stats = grpo_update(LogprobForward(m), optimizer, inputs, cfg, max_completion_length=T)
         after[ga] = ([p.detach().clone() for p in m.parameters()], stats[0])
     for ga in (2, 4):
         for p1, p2 in zip(after[1][0], after[ga][0]):
@@ -46,12 +48,16 @@ def test_micro_batches_take_the_same_step_as_one_pass(random_model_dir, loss_typ
         assert after[ga][1]["tokens"] == after[1][1]["tokens"]
 
 
-def test_loss_share_by_hand():
+def test_micro_batch_share_by_hand():
     mask = torch.tensor([[1.0, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])  # 3, 1, 2, 3 tokens
-    mini, micro = torch.arange(4), torch.tensor([0, 1])
-    assert loss_share("grpo", mask, micro, mini) == 2 / 4  # two of four completions
-    assert loss_share("bnpo", mask, micro, mini).item() == pytest.approx(4 / 9)  # four of nine tokens
-    assert loss_share("dapo", mask, micro, mini) == 1.0  # already divided by the mini-batch's token count
+    micro = mask[:2]  # rows 0 and 1 of a mini-batch of 4 rows, 9 tokens
+    assert micro_batch_share("sequence_mean", micro, 4, mask.sum()) == 2 / 4  # grpo: two of four completions
+    assert micro_batch_share("token_mean", micro, 4, mask.sum()).item() == pytest.approx(4 / 9)  # bnpo: 4 of 9 tokens
+    assert micro_batch_share("token_sum", micro, 4, mask.sum()) == 1.0  # dapo: divided by the mini-batch's count
+    # Two processes, each with 4 rows; 18 tokens over both: a micro-batch's 4 tokens count 4 * 2 / 18 of its
+    # process's loss, and the engines' average over the 2 processes halves it back to 4 / 18 of the global batch's.
+    assert micro_batch_share("token_mean", micro, 4, 18.0, dp_size=2).item() == pytest.approx(8 / 18)
+    assert micro_batch_share("sequence_mean", micro, 4, 18.0, dp_size=2) == 2 / 4  # rows: each process's own mean
 
 
 def test_gradient_accumulation_must_divide_the_mini_batch():

@@ -14,7 +14,7 @@ LAB = PACKAGE / "lab"
 LIBRARY = sorted(p for p in PACKAGE.rglob("*.py") if LAB not in p.parents and p.name != "cli.py")
 
 MAX_LINES = 80  # any function of the library
-LONGER_ALLOWED = {"train": 100}  # the one loop a newcomer reads top to bottom
+LONGER_ALLOWED = {"train": 75}  # the one loop a newcomer reads top to bottom
 SHORTER_REQUIRED = {"policy_loss": 60}  # a pipeline: ratio -> surrogate -> token selection -> KL -> aggregation
 
 
@@ -148,3 +148,26 @@ def test_no_import_circles():
     # Each module imports only modules that do not import it back, lazily or not: the package reads in one
     # direction, floor by floor, and any file can be lifted with what it imports.
     assert import_circles() == []
+
+
+def test_one_process_never_imports_the_scale_out_engines(tmp_path):
+    # A student reading one GRPO step in one process never enters the DDP / FSDP2 file: the trainer's one seam
+    # (parallel/processes.py) hands it LogprobForward(model), and imports ddp_fsdp.py only when W > 1.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib.util, sys\n"
+        "assert importlib.util.find_spec('minigrpo.parallel.ddp_fsdp')\n"
+        "from minigrpo.config import Config\n"
+        "from minigrpo.trainer import train\n"
+        f"train(Config(output_dir={str(tmp_path / 'run')!r}, max_steps=1, num_generations=4, generation_batch_size=8,"
+        " num_iterations=2, beta=0.04, eval_limit=4, eval_num_samples=0, save_model=False, log_completions=False),"
+        " progress=False)\n"
+        "engines = sorted(m for m in sys.modules if m.startswith('minigrpo.parallel.ddp_fsdp'))\n"
+        "assert 'minigrpo.trainer' in sys.modules and not engines, engines\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -9,8 +9,9 @@ import torch
 
 from minigrpo.advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS, register_advantage
 from minigrpo.config import Config, ConfigError
-from minigrpo.objectives import LOSSES, Surrogate, SurrogateInputs, policy_loss, register_loss
-from minigrpo.trainer import loss_share, train
+from minigrpo.objectives import LOSSES, Surrogate, SurrogateInputs, get_loss, policy_loss, register_loss
+from minigrpo.objectives.aggregation import micro_batch_share
+from minigrpo.trainer import train
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ def test_config_reads_the_tables(outside_loss):
 
 
 def test_micro_batch_share_comes_from_the_aggregation(outside_loss):
-    mask, micro, mini = torch.ones(4, 2), torch.tensor([0, 1]), torch.arange(4)
-    assert loss_share("scaled_reinforce", mask, micro, mini) == 1.0  # token_sum: already the mini-batch's
-    assert loss_share("gmpo", mask, micro, mini) == 0.5  # sequence_mean: rows
+    micro = torch.ones(2, 2)  # two rows of a mini-batch of four, eight tokens
+    share = lambda loss_type: micro_batch_share(get_loss(loss_type).aggregation, micro, 4, 8.0)  # noqa: E731
+    assert share("scaled_reinforce") == 1.0  # token_sum: already the mini-batch's
+    assert share("gmpo") == 0.5  # sequence_mean: rows
 
 
 def test_registered_loss_and_estimator_train(outside_loss, tmp_path, random_model_dir):

@@ -14,6 +14,7 @@ from minigrpo.logprobs import can_share_prompts, completion_logprobs, trimmed_ch
 from minigrpo.models import reference_policy
 from minigrpo.run import load_policy
 from minigrpo.objectives import LOSSES
+from minigrpo.logprobs import LogprobForward
 from minigrpo.trainer import grpo_update, prepare_update
 
 from test_logprobs import perturb_adapter, relative_difference, sampled_batch, trainable_grads
@@ -128,11 +129,12 @@ def test_a_training_step_is_the_same_with_and_without_the_shared_prefix(case, ch
         before = torch.cat([p.detach().flatten() for p in trained])
         optimizer = torch.optim.SGD(trained, lr=1e-4)  # SGD: the step is the gradient; small, so the next mini-batch
         # sees weights near these (a random adapter far from its reference makes the KL term large and steep)
-        inputs, _ = prepare_update(cfg, grouped_batch(model.config.vocab_size, tools=tools), model, ref_model,
+        policy, ref_policy = LogprobForward(model), ref_model and LogprobForward(ref_model)
+        inputs, _ = prepare_update(cfg, grouped_batch(model.config.vocab_size, tools=tools), policy, ref_policy,
                                    autocast=contextlib.nullcontext)
         model.train()
         torch.manual_seed(1)  # the same mini-batch order
-        stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=10)
+        stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=10)
         step = torch.cat([p.detach().flatten() for p in trained]) - before  # the update the steps made
         after[share] = (step, stats, inputs)
     (step, stats, inputs), (step_s, stats_s, inputs_s) = after[False], after[True]

@@ -47,7 +47,7 @@ import torch
 from ..collect import collect_batch
 from ..config import Config
 from ..engines import GenerateEngine
-from ..logprobs import completion_logprobs
+from ..logprobs import LogprobForward, completion_logprobs
 from ..models import load_model_and_tokenizer, load_tokenizer
 from ..objectives import policy_loss
 from ..peak_memory import PeakMemory
@@ -120,7 +120,7 @@ def minigrpo_step(model, tokenizer, optimizer, task, cfg: Config, rows, reward_f
     inputs = batch.to(device)
     inputs.loss_mask = inputs.policy_mask
     model.train()
-    stats = grpo_update(model, optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length,
+    stats = grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=cfg.max_completion_length,
                         autocast=autocast)
     _sync(device)
     step = clock.stop()

@@ -340,7 +340,7 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
     from ..advantages import group_advantages
     from ..batch import Batch
     from ..config import Config
-    from ..logprobs import completion_logprobs
+    from ..logprobs import LogprobForward, completion_logprobs
     from ..trainer import grpo_update
 
     ids = [batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
@@ -351,7 +351,7 @@ def grpo_step(model, optimizer, batch, rewards, group_size: int, ref_model=None,
             ref_logp = completion_logprobs(ref_model, *ids)[0]
     cfg = Config(num_generations=group_size, generation_batch_size=len(rewards), beta=beta)
     inputs = Batch.of_completions(*ids, adv=adv.to(ids[0].device), ref_logp=ref_logp)
-    return grpo_update(model, optimizer, inputs, cfg, max_completion_length=ids[2].shape[1])[0]["loss"]
+    return grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=ids[2].shape[1])[0]["loss"]
 
 
 def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, steps: int = 2) -> dict:
@@ -370,6 +370,7 @@ def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, step
     "predicted": recipe_floor(cfg, prompt_length), "seconds"}.
     """
     from ..batch import Batch
+    from ..logprobs import LogprobForward
     from ..mixed_precision import autocast_dtype, grad_scaler
     from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
     from ..run import load_policy
@@ -399,7 +400,7 @@ def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, step
     for step in range(steps):
         if step == steps - 1:
             reset_peak_memory(device)
-        grpo_update(model, optimizer, inputs, cfg, max_completion_length=completion_length, autocast=autocast,
+        grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=completion_length, autocast=autocast,
                     scaler=scaler)
     peak = peak_memory_bytes(device) - baseline
     del model, optimizer, inputs

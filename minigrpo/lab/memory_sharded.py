@@ -4,18 +4,18 @@ on the CPU (`measure_side_by_side`).
     minigrpo memory --recipe R --num-processes 8 --fsdp     each GPU's share of the recipe, computed
     minigrpo memory --measure-fsdp                           1 process vs 2 sharded (FSDP2), measured on the CPU
 
-What sharding divides (distributed.py). With DistributedDataParallel every process holds everything one
+What sharding divides (parallel/ddp_fsdp.py). With DistributedDataParallel every process holds everything one
 process would, for its 1/W of the batch, plus DDP's gradient buckets (a second copy of the gradients, flat, for
 the all-reduce). With FSDP2 (`fsdp: full_shard`) weights, gradients, AdamW's moments and the reference copy are
 divided by W; what is added is what a process gathers to compute: the root's parameters (embeddings, final norm,
 output head) for the whole training pass, and two decoder blocks at a time (the one computing, the next one
-fetched). Sampling gathers the whole model (distributed.full_weights), so its floor is the whole weights plus the
+fetched). Sampling gathers the whole model (parallel/ddp_fsdp.full_weights), so its floor is the whole weights plus the
 shards; a process's floor is the larger of its training and its sampling floor. Activations come from
 memory.recipe_floor at the process's share of the batch; under FSDP2 every row runs its own prompt (the log-probs
-take one pass, see distributed.py), so a shared prefix saves nothing there.
+take one pass, see parallel/ddp_fsdp.py), so a shared prefix saves nothing there.
 
 Measured: on the CPU, the peak resident set of each process over two GRPO optimizer steps of the trainer's own
-update (`trainer.grpo_update` through `distributed.wrap`), one process against two under torchrun with FSDP2, on
+update (`trainer.grpo_update` through `parallel.ddp_fsdp.wrap`), one process against two under torchrun with FSDP2, on
 random token ids at a fixed length, at Qwen2.5-0.5B's width and vocabulary cut to 2 blocks ("qwen2.5-0.5b-2l").
 Each process first loads the whole model and then shards it; that transient is reported apart ("load"). Not
 measured: any GPU, NCCL, sampling's gathered copy, more than 2 processes.
@@ -170,23 +170,23 @@ def measure_step(model_dir: str, *, batch_size: int = 16, num_generations: int =
     """In this process (one of W under torchrun, or alone): load, shard when W > 1 (FSDP2), then `steps` GRPO
     optimizer steps on this process's 1/W of a random batch; returns what it held and its peaks, in bytes above
     the resident set just before loading."""
-    from .. import distributed
     from ..advantages import group_advantages
     from ..batch import Batch
     from ..config import Config
-    from .memory import _import_model_code, synthetic_batch
     from ..models import load_model
+    from ..parallel import ddp_fsdp, processes
     from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
     from ..trainer import grpo_update
+    from .memory import _import_model_code, synthetic_batch
 
-    distributed.setup(torch.device("cpu"))
-    W, rank = distributed.world_size(), distributed.rank()
+    processes.setup(torch.device("cpu"))
+    W, rank = processes.world_size(), processes.rank()
     _import_model_code(model_dir)
     torch.manual_seed(0)
     reset_peak_memory("cpu")
     baseline = current_memory_bytes("cpu")
     model = load_model(model_dir, "cpu")
-    policy, _ = distributed.wrap(model, fsdp="full_shard")
+    policy, _ = processes.wrap(model, fsdp="full_shard")  # one process: the model's own forward
     load_peak = peak_memory_bytes("cpu") - baseline  # the whole model, before it was sharded
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     reset_peak_memory("cpu")
@@ -200,11 +200,11 @@ def measure_step(model_dir: str, *, batch_size: int = 16, num_generations: int =
         grpo_update(policy, optimizer, Batch.of_completions(*ids, adv=adv[mine]), cfg,
                     max_completion_length=completion_length)
     moments = [s[key] for s in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
-    result = {"world_size": W, "rank": rank, "params_held": distributed.local_numel(model.parameters()),
-              "optimizer_state_held": distributed.local_numel(moments), "load_peak_bytes": load_peak,
+    result = {"world_size": W, "rank": rank, "params_held": ddp_fsdp.local_numel(model.parameters()),
+              "optimizer_state_held": ddp_fsdp.local_numel(moments), "load_peak_bytes": load_peak,
               "after_setup_bytes": after_setup, "step_peak_bytes": peak_memory_bytes("cpu") - baseline}
     del policy
-    distributed.cleanup()
+    processes.cleanup()
     return result
 
 
