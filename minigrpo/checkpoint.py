@@ -39,9 +39,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+import yaml
 
-from .parallel import processes
 from .errors import MinigrpoError
+from .parallel import processes
 
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "list_checkpoints",
            "truncate_metrics", "CheckpointError", "RESUMABLE_CHANGES"]
@@ -286,3 +287,28 @@ def truncate_metrics(metrics_path: str | os.PathLike, last_step: int, copy_to: s
     with os.fdopen(fd, "w") as f:
         f.write("".join(line + "\n" for line in kept))
     os.replace(tmp, target)
+
+
+def stopped_line(out: Path, resume: str, config: dict | None = None) -> str:
+    """The one line a run stopped by Ctrl-C ends with: the last step logged, the newest checkpoint and how to
+    resume from it (resume: the command or call that does), or that there is none to resume from. config: the
+    stopped run's settings; a config.yaml in `out` that differs from them is another run's (this one stopped before
+    it wrote anything)."""
+    written = out / "config.yaml"
+    if config is not None and (not written.exists() or not same_run(yaml.safe_load(written.read_text()), config)):
+        return "stopped before the run started; nothing was written"
+    metrics = out / "metrics.jsonl"
+    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
+             if line.strip().startswith("{") and line.strip().endswith("}")] if metrics.exists() else []
+    done = f"after step {steps[-1]}" if steps else "before the first step"
+    found = list_checkpoints(out / "checkpoints")
+    if not found:
+        return (f"stopped {done}: no checkpoint in {out} to resume from (save_steps writes them); the run's "
+                f"files stay there, and a new run into it needs --overwrite-output-dir")
+    step, path = found[-1]
+    return f"stopped {done}; the last checkpoint is {path} (step {step}). Resume with: {resume}"
+
+
+def same_run(written: dict, config: dict) -> bool:
+    """Whether a config.yaml (written) is this config's, ignoring what may change between a run and its resumption."""
+    return all(written.get(k) == v for k, v in config.items() if k not in RESUMABLE_CHANGES)

@@ -148,7 +148,7 @@ def run_stoppable(command: str, argv: list[str], cfg: Config, run):
 
         for bar in list(getattr(tqdm, "_instances", [])):  # end the progress bars' lines before ours
             bar.close()
-        from .run import stopped_line
+        from .checkpoint import stopped_line
 
         line = stopped_line(Path(cfg.output_dir), resume_command(command, argv, cfg.output_dir), cfg.to_dict())
         print(f"minigrpo {command}: {line}", file=sys.stderr)

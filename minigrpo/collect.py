@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from . import advantages
-from .parallel import processes
 from .advantages import gfpo_keep, kl_penalized_rewards
 from .batch import Batch, PromptSampler, ToolSetup
-from .errors import ConfigError
 from .engines import sampling_options
+from .errors import ConfigError
 from .logprobs import completion_logprobs
+from .parallel import processes
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
 from .step_rewards import step_tensors, steps_with_outcome, token_starts

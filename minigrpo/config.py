@@ -434,6 +434,11 @@ class Config:
         return ({name: getattr(self, name) for name in names if getattr(self, name, None) is not None}
                 | (self.loss_options or {}))
 
+    def sampler_correction_options(self) -> dict:
+        """engine_mismatch.sampler_correction's settings: TRL's vllm_importance_sampling_* fields, by its names."""
+        return dict(correct=self.vllm_importance_sampling_correction, mode=self.vllm_importance_sampling_mode,
+                    clip_min=self.vllm_importance_sampling_clip_min, clip_max=self.vllm_importance_sampling_clip_max)
+
     @property
     def group_size(self) -> int:
         """Completions per prompt in a training batch: num_generations, or the num_remains_in_group GFPO keeps."""

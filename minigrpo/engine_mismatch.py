@@ -38,7 +38,7 @@ import math
 
 import torch
 
-__all__ = ["IMPORTANCE_SAMPLING_MODES", "importance_weights", "mismatch_stats"]
+__all__ = ["IMPORTANCE_SAMPLING_MODES", "importance_weights", "mismatch_stats", "sampler_correction"]
 
 IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -88,3 +88,19 @@ def mismatch_stats(trainer_logp: torch.Tensor, sampling_logp: torch.Tensor, mask
         for name, reduce in (("min", torch.min), ("mean", torch.mean), ("max", torch.max)):
             stats[f"sampling/importance_sampling_ratio/{name}"] = reduce(flat).item() if flat.numel() else 0.0
     return stats
+
+
+def sampler_correction(old_logp: torch.Tensor, sampling_logp: torch.Tensor | None, loss_mask: torch.Tensor, *,
+                       correct: bool, mode: str, clip_min: float | None, clip_max: float | None
+                       ) -> tuple[torch.Tensor | None, dict]:
+    """With an engine that returns its sampling log-probs (vLLM): TRL's importance weight per token (None when
+    `correct` is off: vllm_importance_sampling_correction) and the sampling/* mismatch statistics. Without one:
+    (None, {})."""
+    if sampling_logp is None:
+        return None, {}
+    sampling_logp = sampling_logp.to(old_logp.device)
+    is_weight = None
+    if correct:
+        is_weight = importance_weights(old_logp, sampling_logp, loss_mask, mode=mode, clip_min=clip_min,
+                                       clip_max=clip_max)
+    return is_weight, mismatch_stats(old_logp, sampling_logp, loss_mask, is_weight, mode)

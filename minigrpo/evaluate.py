@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .engines import GenerateEngine
+from .parallel.processes import full_weights, is_main, say
 from .rollout import sample_completions
 
 
@@ -129,3 +130,25 @@ def mcnemar(correct_a: list[bool], correct_b: list[bool]) -> dict:
     return {"n": len(correct_a), "accuracy_a": sum(map(bool, correct_a)) / len(correct_a),
             "accuracy_b": sum(map(bool, correct_b)) / len(correct_b), "only_a": only_a, "only_b": only_b,
             "p_value": min(1.0, 2 * tail)}
+
+
+def evaluate_on_main(policy, evaluate_on, rows: list[dict], num_samples: int = 0, label: str | None = None):
+    """evaluate_on(rows) on the main process, the whole weights gathered first (FSDP2); None on the others.
+    label ("before training"): a progress bar while it runs, and one line with the result as soon as it is known."""
+    with full_weights(policy):
+        if not is_main():
+            return None
+        result = evaluate_on(rows, num_samples=num_samples, progress=label or None)
+    if label:
+        say(accuracy_line(label, result))
+    return result
+
+
+def accuracy_line(label: str, result: dict) -> str:
+    """ "before training: greedy accuracy 26.2% on 500 problems, sampled 19.6%, pass@8 67.4% (length 15.2)"."""
+    n = result["num_problems"]
+    line = f"{label}: greedy accuracy {result['accuracy_greedy']:.1%} on {n} problem{'s' * (n != 1)}"
+    if "accuracy_sampled" in result:
+        k = max(int(key.split("@")[1]) for key in result if key.startswith("pass@"))
+        line += f", sampled {result['accuracy_sampled']:.1%}, pass@{k} {result[f'pass@{k}']:.1%}"
+    return line + f" (greedy length {result['mean_length_greedy']:.1f} tokens)"

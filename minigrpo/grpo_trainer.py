@@ -88,7 +88,8 @@ class GRPOTrainer:
     def train(self, resume_from_checkpoint: bool | str | None = None) -> dict:
         """Train with minigrpo's train(); returns its summary. Ctrl-C stops with one line naming the newest
         checkpoint and how to resume (trainer.train(resume_from_checkpoint=True))."""
-        from .run import say, stopped_line
+        from .checkpoint import stopped_line
+        from .parallel.processes import say
         from .trainer import train
 
         cfg = self.config(resume_from_checkpoint)

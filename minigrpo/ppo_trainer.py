@@ -47,18 +47,18 @@ import torch
 from tqdm.auto import tqdm
 
 from . import advantages
-from .parallel import processes
 from .advantages import group_advantages
 from .batch import PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError, coerce_value
+from .engine_mismatch import sampler_correction
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
 from .models import parameter_counts, reference_policy, resolve_device
+from .parallel import processes
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError
-from .run import (eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log, vllm_correction,
-                  write_config)
+from .run import eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log, write_config
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -197,8 +197,8 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
                                   temperature=cfg.temperature,
                                   need_old_logp=not on_policy or batch.sampling_logp is not None)
         # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token, as in train().
-        targets["is_weight"], sampling_stats = vllm_correction(cfg, targets["old_logp"], batch.sampling_logp,
-                                                               ids["completion_mask"])
+        targets["is_weight"], sampling_stats = sampler_correction(
+            targets["old_logp"], batch.sampling_logp, ids["completion_mask"], **cfg.sampler_correction_options())
 
         # 4. Optimise policy and critic together.
         model.train()

@@ -75,9 +75,9 @@ from pathlib import Path
 
 import torch
 
-from .parallel import processes
 from .errors import ConfigError
 from .models import is_lora, is_quantized, kv_size
+from .parallel import processes
 from .prompts import encode_prompts
 from .rollout import Rollout, eos_token_ids, rollout_from_ids
 

@@ -23,12 +23,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .parallel import processes
 from .batch import ToolSetup
 from .checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
                          save_checkpoint, truncate_metrics)
 from .config import Config, ConfigError
-from .engine_mismatch import importance_weights, mismatch_stats
 from .engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
 from .judge import LLMJudge
@@ -36,6 +34,8 @@ from .metrics import finite_or_none
 from .mixed_precision import autocast_dtype, grad_scaler
 from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
+from .parallel import processes
+from .parallel.processes import say
 from .peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
 from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
@@ -49,9 +49,8 @@ from .user_code import callable_name
 
 __all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
            "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator",
-           "eval_due", "vllm_correction", "run_summary", "finish_run", "tool_setup", "claim_output_dir",
-           "record_inputs", "run_rows", "evaluate_on_main", "checkpoint_due", "save_step_checkpoint", "stopped_line",
-           "say", "RUN_FILES"]
+           "eval_due", "run_summary", "finish_run", "tool_setup", "claim_output_dir", "record_inputs", "run_rows",
+           "checkpoint_due", "save_step_checkpoint", "RUN_FILES"]
 
 
 @dataclass
@@ -370,17 +369,6 @@ def drop_long_prompts(rows: list[dict], prompt_lengths: list[int], max_prompt_le
     return [rows[i] for i in kept], [prompt_lengths[i] for i in kept]
 
 
-def same_run(written: dict, config: dict) -> bool:
-    """Whether a config.yaml (written) is this config's, ignoring what may change between a run and its resumption."""
-    return all(written.get(k) == v for k, v in config.items() if k not in RESUMABLE_CHANGES)
-
-
-def say(message: str) -> None:
-    """One line for the person watching (the main process only), printed above any progress bar."""
-    if processes.is_main() and os.environ.get("RANK", "0") == "0":  # RANK: before the process group is joined
-        tqdm.write(message)
-
-
 def resolve_reward_funcs(cfg: Config, task: Task, max_len: int, entries: list, device) -> list:
     """TRL's reward_funcs entries, each made a reward function: a callable as it is; a reward model's directory
     (or hub id) or a loaded sequence-classification model, a RewardModel on the run's device (reward_model.py; a
@@ -423,28 +411,6 @@ def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: 
                              tools=tools)
 
 
-def evaluate_on_main(policy, evaluate_on, rows: list[dict], num_samples: int = 0, label: str | None = None):
-    """evaluate_on(rows) on the main process, the whole weights gathered first (FSDP2); None on the others.
-    label ("before training"): a progress bar while it runs, and one line with the result as soon as it is known."""
-    with processes.full_weights(policy):
-        if not processes.is_main():
-            return None
-        result = evaluate_on(rows, num_samples=num_samples, progress=label or None)
-    if label:
-        say(accuracy_line(label, result))
-    return result
-
-
-def accuracy_line(label: str, result: dict) -> str:
-    """ "before training: greedy accuracy 26.2% on 500 problems, sampled 19.6%, pass@8 67.4% (length 15.2)"."""
-    n = result["num_problems"]
-    line = f"{label}: greedy accuracy {result['accuracy_greedy']:.1%} on {n} problem{'s' * (n != 1)}"
-    if "accuracy_sampled" in result:
-        k = max(int(key.split("@")[1]) for key in result if key.startswith("pass@"))
-        line += f", sampled {result['accuracy_sampled']:.1%}, pass@{k} {result[f'pass@{k}']:.1%}"
-    return line + f" (greedy length {result['mean_length_greedy']:.1f} tokens)"
-
-
 def checkpoint_due(cfg: Config, step: int) -> bool:
     """Whether this step ends with a checkpoint: every save_steps steps (0 = never)."""
     return bool(cfg.save_steps) and step % cfg.save_steps == 0
@@ -470,43 +436,9 @@ def save_step_checkpoint(cfg: Config, out: Path, step: int, *, model, policy, sa
         bar.set_postfix_str(f"checkpoint {step} written")
 
 
-def stopped_line(out: Path, resume: str, config: dict | None = None) -> str:
-    """The one line a run stopped by Ctrl-C ends with: the last step logged, the newest checkpoint and how to
-    resume from it (resume: the command or call that does), or that there is none to resume from. config: the
-    stopped run's settings; a config.yaml in `out` that differs from them is another run's (this one stopped before
-    it wrote anything)."""
-    written = out / "config.yaml"
-    if config is not None and (not written.exists() or not same_run(yaml.safe_load(written.read_text()), config)):
-        return "stopped before the run started; nothing was written"
-    metrics = out / "metrics.jsonl"
-    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
-             if line.strip().startswith("{") and line.strip().endswith("}")] if metrics.exists() else []
-    done = f"after step {steps[-1]}" if steps else "before the first step"
-    found = list_checkpoints(out / "checkpoints")
-    if not found:
-        return (f"stopped {done}: no checkpoint in {out} to resume from (save_steps writes them); the run's "
-                f"files stay there, and a new run into it needs --overwrite-output-dir")
-    step, path = found[-1]
-    return f"stopped {done}; the last checkpoint is {path} (step {step}). Resume with: {resume}"
-
-
 def eval_due(cfg: Config, step: int) -> bool:
     """Whether this step ends with a greedy evaluation: every eval_steps steps, and the last step (0 = never)."""
     return bool(cfg.eval_steps) and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
-
-
-def vllm_correction(cfg: Config, old_logp, sampling_logp, loss_mask) -> tuple[torch.Tensor | None, dict]:
-    """With an engine that returns its sampling log-probs (vLLM): TRL's importance weight per token (None when
-    switched off) and the sampling/* mismatch statistics. Without one: (None, {})."""
-    if sampling_logp is None:
-        return None, {}
-    sampling_logp = sampling_logp.to(old_logp.device)
-    is_weight = None
-    if cfg.vllm_importance_sampling_correction:
-        is_weight = importance_weights(old_logp, sampling_logp, loss_mask, mode=cfg.vllm_importance_sampling_mode,
-                                       clip_min=cfg.vllm_importance_sampling_clip_min,
-                                       clip_max=cfg.vllm_importance_sampling_clip_max)
-    return is_weight, mismatch_stats(old_logp, sampling_logp, loss_mask, is_weight, cfg.vllm_importance_sampling_mode)
 
 
 def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer,

@@ -47,6 +47,8 @@ from tqdm.auto import tqdm
 from .batch import Batch, PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError
+from .engine_mismatch import sampler_correction
+from .evaluate import evaluate_on_main
 from .isolation import take_failed_count
 from .kl import sequence_kl
 from .metrics import gather_batch, gather_stats, step_metrics
@@ -54,9 +56,8 @@ from .mixed_precision import optimizer_step, scaled_backward
 from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import policy_loss
 from .parallel import processes
-from .run import (checkpoint_due, eval_due, evaluate_on_main, evaluator, finish_run, load_run, make_engine,
-                  make_optimizer, open_log, record_inputs, save_step_checkpoint, start_or_resume, tool_setup,
-                  vllm_correction, write_config)
+from .run import (checkpoint_due, eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log,
+                  record_inputs, save_step_checkpoint, start_or_resume, tool_setup, write_config)
 
 __all__ = ["train", "prepare_update", "grpo_update"]
 
@@ -221,7 +222,8 @@ def prepare_update(cfg: Config, inputs: Batch, policy, ref_policy, autocast, dri
         use_ref = (cfg.beta > 0 and not cfg.kl_in_reward) or drift
         inputs.ref_logp = ref_policy(*ids, **options)[0] if use_ref else None
     # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).
-    inputs.is_weight, sampling_stats = vllm_correction(cfg, inputs.old_logp, inputs.sampling_logp, inputs.loss_mask)
+    inputs.is_weight, sampling_stats = sampler_correction(inputs.old_logp, inputs.sampling_logp, inputs.loss_mask,
+                                                          **cfg.sampler_correction_options())
     return inputs, sampling_stats
 
 
@@ -255,8 +257,9 @@ def grpo_update(policy, optimizer, inputs: Batch, cfg: Config, *, max_completion
             # Micro-batches of whole groups where they can be (rows i*G .. i*G+G-1 share a prompt, so sorted rows
             # keep groups together): each holds few distinct prompts, which the shared prefix runs once each.
             micro_batches = mb.sort().values if cfg.gradient_accumulation_steps > 1 else mb
-            mini_batch = dict(mini_batch_rows=len(mb), mini_batch_tokens=processes.all_reduce_sum(loss_mask[mb].sum()),
-                              dp_size=W, num_items_in_batch=num_tokens / cfg.steps_per_generation)
+            mini_batch_tokens = processes.all_reduce_sum(loss_mask[mb].sum())  # over all W processes
+            mini_batch = dict(mini_batch_rows=len(mb), mini_batch_tokens=mini_batch_tokens, dp_size=W,
+                              num_items_in_batch=num_tokens / cfg.steps_per_generation)
             for i, micro in enumerate(micro_batches.split(len(mb) // cfg.gradient_accumulation_steps)):
                 with processes.no_sync(policy, last_micro_batch=i == cfg.gradient_accumulation_steps - 1):  # DDP
                     loss, stats = micro_batch_loss(policy, inputs, micro, cfg, max_completion_length, autocast,

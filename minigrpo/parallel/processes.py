@@ -36,12 +36,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from ..logprobs import LogprobForward
 
 __all__ = ["setup", "cleanup", "launched_processes", "world_size", "rank", "is_main", "all_reduce_sum",
            "gather_objects", "broadcast_object", "wrap", "no_sync", "full_weights", "full_state_dict",
-           "is_sharded"]
+           "is_sharded", "say"]
 
 
 def setup(device: torch.device) -> torch.device:
@@ -159,3 +160,9 @@ def is_sharded(policy) -> bool:
     from .ddp_fsdp import is_sharded as sharded
 
     return sharded(policy)
+
+
+def say(message: str) -> None:
+    """One line for the person watching (the main process only), printed above any progress bar."""
+    if is_main() and os.environ.get("RANK", "0") == "0":  # RANK: before the process group is joined
+        tqdm.write(message)
