@@ -3,6 +3,31 @@
     from minigrpo import GRPOConfig, GRPOTrainer     # TRL's names (grpo_config.py, grpo_trainer.py)
     from minigrpo.config import Config               # minigrpo's own
     from minigrpo.trainer import train               # the loop both run
+
+The top of the package is one training step and its math, in the order a step runs:
+
+    trainer.py        train(), the loop a student reads top to bottom; grpo_update(), its inner loop
+    collect.py        steps 1-3: sample (rollout.py, the decode loop), score (rewards.py, tasks/), advantages
+    batch.py          the Batch one step fills: ids, masks, rewards, advantages, log-probs
+    advantages.py     the advantage estimators, each beside its formula
+    logprobs.py       log pi of the completion tokens; LogprobForward, the one object every log-prob goes through
+    objectives/       the loss types (one file each), the aggregations, policy_loss
+    kl.py, truncation.py, mixed_precision.py, metrics.py, evaluate.py, prompts.py   the step's other pieces
+    config.py         every option, once; errors.py, the one-line errors; cli.py, `minigrpo ...`
+    run.py            the set-up and wrap-up the three loops share (trainer.py, ppo_trainer.py, sft.py)
+
+The machinery is in rooms named for their jobs, one call away:
+
+    generation/       the engines that sample: the decode loop's interface, its step and KV cache, vLLM, and the
+                      correction for an engine whose log-probs differ from ours
+    parallel/         several processes: processes.py (the loop's one seam; trivial with one process) and
+                      ddp_fsdp.py (torch's DDP / FSDP2, imported only when W > 1)
+    sandbox/          code minigrpo did not write (reasoning-gym's scorers, math-verify, the python tool, your
+                      reward and tool modules), loaded by name or run in a worker process with limits
+    persistence/      checkpoints and exact resume, the run's logs (metrics.jsonl, completions.jsonl)
+    loading/          models (full, LoRA, QLoRA, the reference), tokenizers, chat templates, device memory
+    tasks/, tools/    the tasks (generators, files, the hub, reasoning-gym) and GRPO with tools
+    lab/              apart: benchmarks, memory measurement, plots, `minigrpo show`, stand-ins, notebook helpers
 """
 
 __version__ = "0.1.0"

@@ -148,7 +148,7 @@ def run_stoppable(command: str, argv: list[str], cfg: Config, run):
 
         for bar in list(getattr(tqdm, "_instances", [])):  # end the progress bars' lines before ours
             bar.close()
-        from .checkpoint import stopped_line
+        from .persistence.checkpoint import stopped_line
 
         line = stopped_line(Path(cfg.output_dir), resume_command(command, argv, cfg.output_dir), cfg.to_dict())
         print(f"minigrpo {command}: {line}", file=sys.stderr)
@@ -237,7 +237,7 @@ def cmd_eval(argv: list[str]) -> int:
                    help="numeric, or math_verify for LaTeX answers (MATH-500, AIME): the answer and gsm8k tasks")
     args = p.parse_args(argv)
     from .evaluate import evaluate
-    from .models import load_model_and_tokenizer, resolve_device
+    from .loading.models import load_model_and_tokenizer, resolve_device
     from .tasks import get_task
     from .run import policy_path
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from . import advantages
 from .advantages import gfpo_keep, kl_penalized_rewards
 from .batch import Batch, PromptSampler, ToolSetup
-from .engines import sampling_options
+from .generation.engines import sampling_options
 from .errors import ConfigError
 from .logprobs import completion_logprobs
 from .parallel import processes

@@ -21,7 +21,7 @@ import math
 import torch
 from tqdm.auto import tqdm
 
-from .engines import GenerateEngine
+from .generation.engines import GenerateEngine
 from .parallel.processes import full_weights, is_main, say
 from .rollout import sample_completions
 

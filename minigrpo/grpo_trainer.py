@@ -88,7 +88,7 @@ class GRPOTrainer:
     def train(self, resume_from_checkpoint: bool | str | None = None) -> dict:
         """Train with minigrpo's train(); returns its summary. Ctrl-C stops with one line naming the newest
         checkpoint and how to resume (trainer.train(resume_from_checkpoint=True))."""
-        from .checkpoint import stopped_line
+        from .persistence.checkpoint import stopped_line
         from .parallel.processes import say
         from .trainer import train
 

@@ -39,8 +39,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .kv_cache import cache_argument
-from .models import AdapterDisabled, is_lora
+from .generation.kv_cache import cache_argument
+from .loading.models import AdapterDisabled, is_lora
 from .truncation import truncate_logits, truncates
 
 __all__ = ["plain_completion_logprobs", "completion_logprobs", "LogprobForward", "head_logprobs", "ChunkedHeadLogprobs",

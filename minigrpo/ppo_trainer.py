@@ -51,10 +51,10 @@ from .advantages import group_advantages
 from .batch import PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError, coerce_value
-from .engine_mismatch import sampler_correction
+from .generation.engine_mismatch import sampler_correction
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
-from .models import parameter_counts, reference_policy, resolve_device
+from .loading.models import parameter_counts, reference_policy, resolve_device
 from .parallel import processes
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .user_code import callable_name, load_callable
+from .sandbox.user_code import callable_name, load_callable
 
 from .errors import MinigrpoError
 from .step_rewards import StepRewards, arithmetic_steps
@@ -286,7 +286,7 @@ def math_verify_reward(prompts, completions, answer, **row) -> list[float]:
     """1.0 if math-verify finds the completion's final answer (its last ``<answer>`` tag's content, else the whole
     text) equal to the row's ``answer``, else 0.0: LaTeX answers, graded in a worker process (math_verify_grader.py;
     extra "math"). TRL's reward signature: ``answer`` is the dataset column, one value per completion."""
-    from .tasks.math_verify_grader import math_verify_scores
+    from .sandbox.math_verify_grader import math_verify_scores
 
     texts = [completion_text(c) for c in completions]
     return math_verify_scores([answer_tag(t) if answer_tag(t) is not None else t for t in texts], list(answer))

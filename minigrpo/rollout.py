@@ -31,8 +31,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from .errors import ConfigError
-from .decode_step import DecodeStep, HFDecodeStep, has_decode_step
-from .kv_cache import cache_argument
+from .generation.decode_step import DecodeStep, HFDecodeStep, has_decode_step
+from .generation.kv_cache import cache_argument
 from .prompts import encode_prompts, left_pad
 from .truncation import truncate_logits
 

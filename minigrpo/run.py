@@ -24,28 +24,28 @@ import yaml
 from tqdm.auto import tqdm
 
 from .batch import ToolSetup
-from .checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
+from .persistence.checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
                          save_checkpoint, truncate_metrics)
 from .config import Config, ConfigError
-from .engines import GenerateEngine, RolloutEngine
+from .generation.engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
 from .judge import LLMJudge
 from .metrics import finite_or_none
 from .mixed_precision import autocast_dtype, grad_scaler
-from .models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
+from .loading.models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
 from .parallel import processes
 from .parallel.processes import say
-from .peak_memory import peak_memory_bytes
+from .loading.peak_memory import peak_memory_bytes
 from .prompts import encode_prompts
 from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
 from .rewards import build_reward_funcs, reward_func_name, reward_names
 from .rollout import eos_token_ids
-from .run_log import RunLog
+from .persistence.run_log import RunLog
 from .tasks import Task, get_task
 from .tasks.sources import dataset_rows, describe_rows, hold_out, read_dataset
 from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
-from .user_code import callable_name
+from .sandbox.user_code import callable_name
 
 __all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
            "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator",
@@ -257,7 +257,7 @@ def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completi
     prompts, max_completion_length: the run's training prompts and completion budget; vLLM sizes its context
     (max_model_len) and KV cache to the longest prompt plus the completion (else to the model's context)."""
     if cfg.use_vllm:
-        from .rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
+        from .generation.rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
 
         max_model_len = None
         if prompts and max_completion_length:

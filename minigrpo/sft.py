@@ -25,7 +25,7 @@ import torch
 
 from .config import Config, ConfigError
 from .mixed_precision import optimizer_step, scaled_backward
-from .models import resolve_device
+from .loading.models import resolve_device
 from .parallel import processes
 from .run import evaluator, finish_run, load_run, make_optimizer, write_config
 from .tasks import Task, get_task

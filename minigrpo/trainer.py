@@ -47,17 +47,17 @@ from tqdm.auto import tqdm
 from .batch import Batch, PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError
-from .engine_mismatch import sampler_correction
 from .evaluate import evaluate_on_main
-from .isolation import take_failed_count
+from .generation.engine_mismatch import sampler_correction
 from .kl import sequence_kl
+from .loading.models import reference_policy, refresh_reference, resolve_device
 from .metrics import gather_batch, gather_stats, step_metrics
 from .mixed_precision import optimizer_step, scaled_backward
-from .models import reference_policy, refresh_reference, resolve_device
 from .objectives import policy_loss
 from .parallel import processes
 from .run import (checkpoint_due, eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log,
                   record_inputs, save_step_checkpoint, start_or_resume, tool_setup, write_config)
+from .sandbox.isolation import take_failed_count
 
 __all__ = ["train", "prepare_update", "grpo_update"]
 

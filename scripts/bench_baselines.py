@@ -26,9 +26,9 @@ import torch
 from minigrpo.batch import PromptSampler
 from minigrpo.collect import collect_batch
 from minigrpo.config import Config
-from minigrpo.engines import GenerateEngine
+from minigrpo.generation.engines import GenerateEngine
 from minigrpo.logprobs import LogprobForward
-from minigrpo.models import load_model_and_tokenizer
+from minigrpo.loading.models import load_model_and_tokenizer
 from minigrpo.rewards import build_reward_funcs
 from minigrpo.run import make_optimizer
 from minigrpo.tasks import get_task

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 from minigrpo.config import load_config  # noqa: E402
 from minigrpo.logprobs import completion_logprobs  # noqa: E402
-from minigrpo.models import load_model_and_tokenizer  # noqa: E402
+from minigrpo.loading.models import load_model_and_tokenizer  # noqa: E402
 from minigrpo.prompts import left_pad  # noqa: E402
 from minigrpo.tasks import DATA_DIR, get_task  # noqa: E402
 from minigrpo.tasks.tool_addition import tool_call_text  # noqa: E402

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 from minigrpo.config import Config  # noqa: E402
 from minigrpo.evaluate import evaluate  # noqa: E402
-from minigrpo.models import load_model_and_tokenizer  # noqa: E402
+from minigrpo.loading.models import load_model_and_tokenizer  # noqa: E402
 from minigrpo.ppo_trainer import PPOConfig, train_ppo  # noqa: E402
 from minigrpo.sft import train_sft  # noqa: E402
 from minigrpo.tasks import DATA_DIR, get_task  # noqa: E402

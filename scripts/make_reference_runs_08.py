@@ -37,7 +37,7 @@ from make_reference_runs import REFERENCE_DIR, VARIANT_BASE, keep_small_files, w
 
 from minigrpo.config import Config  # noqa: E402
 from minigrpo.evaluate import evaluate  # noqa: E402
-from minigrpo.models import load_model_and_tokenizer  # noqa: E402
+from minigrpo.loading.models import load_model_and_tokenizer  # noqa: E402
 from minigrpo.tasks import DATA_DIR, get_task  # noqa: E402
 from minigrpo.trainer import train  # noqa: E402
 

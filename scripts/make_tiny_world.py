@@ -40,7 +40,7 @@ from minigrpo.rollout import sample_completions  # noqa: E402
 from minigrpo.sft import sft_batch  # noqa: E402
 from minigrpo.tasks import DATA_DIR, Task, get_task  # noqa: E402
 from minigrpo.tasks.think_addition import thinking_length  # noqa: E402
-from minigrpo.tokenizer import build_tokenizer  # noqa: E402
+from minigrpo.loading.tokenizer import build_tokenizer  # noqa: E402
 
 NUM_TRAIN, NUM_TEST = 4000, 500
 BAND = (0.15, 0.35)  # greedy held-out accuracy the warm start must land in

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_tiny_world import float16_rounded, save, write_jsonl  # noqa: E402
 
-from minigrpo.engines import GenerateEngine  # noqa: E402
+from minigrpo.generation.engines import GenerateEngine  # noqa: E402
 from minigrpo.sft import IGNORE_INDEX  # noqa: E402
 from minigrpo.lab.standin import _make_tokenizer  # noqa: E402
 from minigrpo.tasks.tool_addition import CHAT_TEMPLATE, ToolAdditionTask, tool_call_text  # noqa: E402

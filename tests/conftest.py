@@ -7,7 +7,7 @@ def random_model_dir(tmp_path_factory):
     """A very small random Llama + the project's tokenizer, saved with save_pretrained like any local model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from minigrpo.tokenizer import build_tokenizer
+    from minigrpo.loading.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     cfg = LlamaConfig(

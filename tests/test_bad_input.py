@@ -17,10 +17,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minigrpo.checkpoint import latest_checkpoint
+from minigrpo.persistence.checkpoint import latest_checkpoint
 from minigrpo.cli import main
 from minigrpo.config import Config, ConfigError, load_config
-from minigrpo.models import load_model_and_tokenizer
+from minigrpo.loading.models import load_model_and_tokenizer
 from minigrpo.rewards import RewardError, score_completions
 from minigrpo.tasks import TASKS, AdditionTask, DataError
 from minigrpo.tasks.base import read_rows
@@ -250,7 +250,7 @@ def test_a_directory_holding_no_model_is_named(tmp_path, capsys):
 
 def test_a_directory_holding_only_a_lora_adapter_loads_onto_its_base(tmp_path, random_model_dir):
     """An adapter directory has no config.json of its own; its adapter_config.json names the base."""
-    from minigrpo.models import add_lora, load_model, load_tokenizer, save_policy
+    from minigrpo.loading.models import add_lora, load_model, load_tokenizer, save_policy
 
     lora = add_lora(load_model(random_model_dir), r=4)
     save_policy(lora, load_tokenizer(random_model_dir), tmp_path / "adapter", base_name_or_path=random_model_dir)

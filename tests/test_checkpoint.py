@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minigrpo.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
+from minigrpo.persistence.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from minigrpo.cli import main
 from minigrpo.rewards import shuffled
 from minigrpo.trainer import PromptSampler

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 import minigrpo.trainer
-from minigrpo.checkpoint import CheckpointError
+from minigrpo.persistence.checkpoint import CheckpointError
 from minigrpo.cli import main
 from minigrpo.errors import MinigrpoError, UsageError
-from minigrpo.isolation import IsolationError
+from minigrpo.sandbox.isolation import IsolationError
 from minigrpo.rewards import RewardError
 from minigrpo.tasks import DataError
 

@@ -104,7 +104,7 @@ def rounding_explains(model, dtype, autocast, prompt_ids, prompt_mask, prefix, o
                                               ("float32", "float16")],
                          ids=["bf16-weights", "fp16-weights", "fp32-autocast-bf16", "fp32-autocast-fp16"])
 def test_greedy_decode_loop_equals_hf_generate(device, standin, weights, compute):
-    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.loading.models import load_model_and_tokenizer
     from minigrpo.rollout import sample_completions, sample_completions_hf
 
     model, tokenizer = load_model_and_tokenizer(standin, device, dtype=weights)
@@ -135,7 +135,7 @@ def test_greedy_decode_loop_equals_hf_generate(device, standin, weights, compute
 @pytest.mark.parametrize("compute", ["bfloat16", "float16"])
 def test_shared_prefix_and_blocked_head_equal_the_plain_path_within_the_dtype(device, standin, compute):
     from minigrpo.logprobs import completion_logprobs, plain_completion_logprobs
-    from minigrpo.models import load_model
+    from minigrpo.loading.models import load_model
 
     model = load_model(standin, device)  # float32 weights, 16-bit autocast: as the trainer computes them
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ from transformers import (
     Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
-from minigrpo.decode_step import DecodeStep, HFDecodeStep, has_decode_step
+from minigrpo.generation.decode_step import DecodeStep, HFDecodeStep, has_decode_step
 from minigrpo.rollout import decode, prefill
 from minigrpo.tasks import get_task
 

@@ -1,4 +1,4 @@
-"""Multi-process training (distributed.py): 2 CPU processes over gloo, started by `accelerate launch`, must
+"""Multi-process training (parallel/): 2 CPU processes over gloo, started by `accelerate launch`, must
 reproduce a one-process run with the same global batch — its metrics and its final weights. Here the replicated
 engine (DistributedDataParallel); sharded training (FSDP2) in test_fsdp.py."""
 
@@ -138,7 +138,7 @@ def test_ranks_share_the_one_process_prompt_stream():
 
 def test_checkpoint_keeps_every_ranks_state(tmp_path):
     """Each rank resumes with its own RNG and sampler; a checkpoint of 2 processes refuses to resume in 1."""
-    from minigrpo.checkpoint import CheckpointError, load_checkpoint, process_state, save_checkpoint
+    from minigrpo.persistence.checkpoint import CheckpointError, load_checkpoint, process_state, save_checkpoint
     from minigrpo.trainer import PromptSampler
 
     rows = [{"prompt": str(i)} for i in range(10)]

@@ -15,7 +15,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from minigrpo.engine_mismatch import IMPORTANCE_SAMPLING_MODES, importance_weights, mismatch_stats
+from minigrpo.generation.engine_mismatch import IMPORTANCE_SAMPLING_MODES, importance_weights, mismatch_stats
 from minigrpo.objectives import policy_loss
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from minigrpo.config import Config, ConfigError
-from minigrpo.engines import GenerateEngine
+from minigrpo.generation.engines import GenerateEngine
 from minigrpo.run import make_engine
 from minigrpo.rollout import rollout_from_ids
-from minigrpo.models import load_model_and_tokenizer
+from minigrpo.loading.models import load_model_and_tokenizer
 from minigrpo.rollout import eos_token_ids, sample_completions
 
 PROMPTS = ["12+3=", "7+45=", "100+1="]
@@ -104,8 +104,8 @@ def test_the_vllm_engine_is_given_the_merged_lora_weights(random_model_dir):
     names, exactly the model peft's merge_and_unload makes — never the base alone (the adapter would be lost)."""
     import copy
 
-    from minigrpo.models import add_lora, load_model
-    from minigrpo.rollout_vllm import policy_weights
+    from minigrpo.loading.models import add_lora, load_model
+    from minigrpo.generation.rollout_vllm import policy_weights
 
     base = load_model(random_model_dir)
     base_weights = dict(policy_weights(base))

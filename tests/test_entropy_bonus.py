@@ -6,7 +6,7 @@ import torch
 
 from minigrpo.config import Config
 from minigrpo.logprobs import completion_logprobs
-from minigrpo.models import load_model
+from minigrpo.loading.models import load_model
 from minigrpo.batch import Batch
 from minigrpo.logprobs import LogprobForward
 from minigrpo.trainer import grpo_update

@@ -3,7 +3,7 @@
 import pytest
 
 from minigrpo.evaluate import evaluate, mcnemar
-from minigrpo.models import load_model_and_tokenizer
+from minigrpo.loading.models import load_model_and_tokenizer
 from minigrpo.tasks import get_task
 
 

@@ -17,7 +17,7 @@ from minigrpo.batch import Batch
 from minigrpo.config import Config, ConfigError
 from minigrpo.logprobs import completion_logprobs, plain_completion_logprobs
 from minigrpo.mixed_precision import autocast_dtype, grad_scaler
-from minigrpo.models import load_model
+from minigrpo.loading.models import load_model
 from minigrpo.objectives import policy_loss
 from minigrpo.logprobs import LogprobForward
 from minigrpo.trainer import grpo_update, train

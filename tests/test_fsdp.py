@@ -96,7 +96,7 @@ def test_two_processes_match_one(tmp_path, one_thread, one_process_runs, fsdp, l
     assert all(r["head_calls"] > 0 for r in ranks), "the output head ran in blocks (logprobs.head_logprobs)"
 
     # The saved model is one ordinary folder: it loads, and computes what the one-process model computes.
-    from minigrpo.models import load_model
+    from minigrpo.loading.models import load_model
 
     ids = torch.tensor([[1, 5, 6, 7]])
     with torch.no_grad():
@@ -108,7 +108,7 @@ def test_one_pass_log_probs_equal_the_length_grouped_ones(random_model_dir):
     """Under FSDP2 the log-probs take one decoder call for the whole micro-batch (parallel/ddp_fsdp.ShardedLogprobForward): the
     same numbers and gradients as logprobs.py's length groups and shared prompts, with the head still in blocks."""
     from minigrpo.logprobs import completion_logprobs
-    from minigrpo.models import load_model
+    from minigrpo.loading.models import load_model
 
     model = load_model(random_model_dir)
     torch.manual_seed(0)

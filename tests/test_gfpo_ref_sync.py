@@ -9,7 +9,7 @@ import torch
 
 from minigrpo.advantages import gfpo_keep, group_advantages
 from minigrpo.config import Config, ConfigError
-from minigrpo.models import refresh_reference
+from minigrpo.loading.models import refresh_reference
 from minigrpo.trainer import train
 
 SMALL = dict(num_generations=4, generation_batch_size=16, eval_steps=0, eval_limit=8, eval_num_samples=0,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minigrpo.config import Config, ConfigError
-from minigrpo.models import load_model
+from minigrpo.loading.models import load_model
 from minigrpo.batch import Batch
 from minigrpo.logprobs import LogprobForward
 from minigrpo.objectives.aggregation import micro_batch_share

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from minigrpo.isolation import CallResult, IsolatedCaller, IsolationError, Limits, call_isolated, take_failed_count
+from minigrpo.sandbox.isolation import CallResult, IsolatedCaller, IsolationError, Limits, call_isolated, take_failed_count
 from minigrpo.tools.builtin import calculator, evaluate_arithmetic, python
 
 

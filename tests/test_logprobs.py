@@ -11,7 +11,7 @@ from minigrpo.config import Config
 from minigrpo.lab.live_tensors import LiveTensorBytes
 from minigrpo.logprobs import (completion_hidden_states, completion_logprobs, head_logprobs,
                                length_chunks, plain_completion_logprobs)
-from minigrpo.models import load_model, reference_policy
+from minigrpo.loading.models import load_model, reference_policy
 from minigrpo.run import load_policy
 from minigrpo.tasks import get_task
 
@@ -415,7 +415,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(adapter, chat_model_dir
 
 def test_gradient_checkpointing_refuses_a_model_without_it(monkeypatch, random_model_dir):
     from minigrpo.config import ConfigError
-    from minigrpo.models import enable_gradient_checkpointing
+    from minigrpo.loading.models import enable_gradient_checkpointing
 
     model = load_model(random_model_dir)
     monkeypatch.setattr(type(model), "supports_gradient_checkpointing", False)

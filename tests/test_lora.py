@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minigrpo.config import Config, ConfigError
-from minigrpo.models import (AdapterDisabled, add_lora, is_quantized, load_model, load_tokenizer, parameter_counts,
+from minigrpo.loading.models import (AdapterDisabled, add_lora, is_quantized, load_model, load_tokenizer, parameter_counts,
                              reference_policy, save_policy)
 from minigrpo.run import load_policy
 from minigrpo.trainer import train

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from minigrpo.isolation import take_failed_count  # noqa: E402
+from minigrpo.sandbox.isolation import take_failed_count  # noqa: E402
 from minigrpo.tasks import get_task  # noqa: E402
 from minigrpo.tasks.answers import final_answer, number_value, same_answer  # noqa: E402
 from minigrpo.rewards import math_verify_reward  # noqa: E402

@@ -63,7 +63,7 @@ def test_lora_setups_train_only_the_adapter(setup):
 def test_static_estimate_counts_what_peft_trains_and_what_the_step_holds():
     """The meta-device count agrees with peft and with the measured setups; the bytes follow the formula."""
     from minigrpo.lab.memory import NF4_BITS, estimate_static_bytes, shape_config
-    from minigrpo.models import add_lora, load_model, parameter_counts
+    from minigrpo.loading.models import add_lora, load_model, parameter_counts
     from minigrpo.ppo_critic import ValueModel
     from minigrpo.tasks import get_task
 
@@ -89,7 +89,7 @@ def test_peft_keeps_the_adapter_and_a_4_bit_bases_other_weights_in_float32():
     """What `recipe_floor` counts in 4 bytes whatever the recipe's dtype, seen on a loaded model: LoRA's A and B
     (peft's autocast_adapter_dtype), and with a 4-bit base every weight bitsandbytes leaves unquantized (peft's
     prepare_model_for_kbit_training casts them)."""
-    from minigrpo.models import add_lora, load_model
+    from minigrpo.loading.models import add_lora, load_model
     from minigrpo.tasks import get_task
 
     model_dir = get_task("think_addition").model_dir

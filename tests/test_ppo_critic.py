@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minigrpo.models import load_model
+from minigrpo.loading.models import load_model
 from minigrpo.ppo_critic import (ValueModel, completion_values, critic_diagnostics, gae, ppo_step, ppo_targets,
                                  terminal_rewards, value_loss, whiten)
 from minigrpo.rewards import RewardError

@@ -18,7 +18,7 @@ import pytest
 
 from minigrpo.cli import main
 from minigrpo.config import load_config
-from minigrpo.models import load_model_and_tokenizer
+from minigrpo.loading.models import load_model_and_tokenizer
 from minigrpo.prompts import encode_prompts
 from minigrpo.tasks import get_task
 from minigrpo.tasks.answers import R1_SYSTEM_PROMPT

@@ -11,7 +11,7 @@ pytest.importorskip("reasoning_gym")
 
 import minigrpo.tasks.reasoning_gym as rg_task  # noqa: E402
 from minigrpo.config import ConfigError  # noqa: E402
-from minigrpo.isolation import call_isolated, take_failed_count  # noqa: E402
+from minigrpo.sandbox.isolation import call_isolated, take_failed_count  # noqa: E402
 from minigrpo.tasks import get_task  # noqa: E402
 from minigrpo.tasks.answers import R1_SYSTEM_PROMPT  # noqa: E402
 from minigrpo.tasks.reasoning_gym import countdown_score  # noqa: E402

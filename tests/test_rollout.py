@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from minigrpo.evaluate import evaluate, pass_at_k
 from minigrpo.rollout import sample_completions, sample_completions_hf
 from minigrpo.tasks import get_task
-from minigrpo.tokenizer import build_tokenizer
+from minigrpo.loading.tokenizer import build_tokenizer
 
 PROMPTS = ["12+34=", "1234+5678=", "7+8="]
 G, MAX_LEN = 4, 10

@@ -11,7 +11,7 @@ import yaml
 from minigrpo.config import Config, ConfigError
 from minigrpo.sft import IGNORE_INDEX, collate_sft, sft_batch, train_sft
 from minigrpo.tasks import get_task
-from minigrpo.tokenizer import build_tokenizer
+from minigrpo.loading.tokenizer import build_tokenizer
 
 
 def test_collate_labels_only_the_completion_and_eos():

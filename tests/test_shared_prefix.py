@@ -11,7 +11,7 @@ import torch
 from minigrpo.batch import Batch
 from minigrpo.config import Config
 from minigrpo.logprobs import can_share_prompts, completion_logprobs, trimmed_chunks
-from minigrpo.models import reference_policy
+from minigrpo.loading.models import reference_policy
 from minigrpo.run import load_policy
 from minigrpo.objectives import LOSSES
 from minigrpo.logprobs import LogprobForward

@@ -9,7 +9,7 @@ import torch
 
 from minigrpo.config import Config, ConfigError
 from minigrpo.logprobs import completion_logprobs
-from minigrpo.models import add_lora, is_quantized, load_model_and_tokenizer, load_tokenizer, save_policy
+from minigrpo.loading.models import add_lora, is_quantized, load_model_and_tokenizer, load_tokenizer, save_policy
 from minigrpo.run import load_policy
 from minigrpo.prompts import encode_prompts, left_pad
 from minigrpo.rollout import sample_completions, sample_completions_hf

@@ -6,7 +6,7 @@ import pytest
 
 from minigrpo.tasks import DATA_DIR, get_task
 from minigrpo.tasks.think_addition import scratchpad, thinking_length
-from minigrpo.tokenizer import build_tokenizer
+from minigrpo.loading.tokenizer import build_tokenizer
 
 ADDITION = get_task("addition")
 THINK = get_task("think_addition")

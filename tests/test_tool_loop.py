@@ -8,8 +8,8 @@ never writes a tool call on its own; the engine tests run the stand-in itself.""
 import pytest
 import torch
 
-from minigrpo.engines import GenerateEngine
-from minigrpo.models import load_model_and_tokenizer
+from minigrpo.generation.engines import GenerateEngine
+from minigrpo.loading.models import load_model_and_tokenizer
 from minigrpo.rollout import continue_from_ids, eos_token_ids
 from minigrpo.tasks.tool_addition import add  # a typed, documented tool
 from minigrpo.tools import EnvironmentPool, encode_as_text, environment_rewards, prompt_ids_with_tools, sample_with_tools, \

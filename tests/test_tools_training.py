@@ -11,7 +11,7 @@ import torch
 
 import minigrpo.trainer as trainer
 from minigrpo.config import Config, ConfigError
-from minigrpo.engines import GenerateEngine
+from minigrpo.generation.engines import GenerateEngine
 from minigrpo.objectives import policy_loss
 from minigrpo.tasks.tool_addition import add  # a typed, documented tool
 

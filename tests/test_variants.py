@@ -591,7 +591,7 @@ def test_new_variant_trains_two_steps_from_the_cli(name, tmp_path, random_model_
 
 def test_remax_greedy_row_is_the_greedy_completion_decoded_with_the_group():
     # One more row per prompt, after its G samples, in the same decode loop: the same text as decoding greedily alone.
-    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.loading.models import load_model_and_tokenizer
     from minigrpo.rollout import sample_completions
     from minigrpo.tasks import get_task
 

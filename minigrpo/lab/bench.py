@@ -46,11 +46,11 @@ import torch
 
 from ..collect import collect_batch
 from ..config import Config
-from ..engines import GenerateEngine
+from ..generation.engines import GenerateEngine
 from ..logprobs import LogprobForward, completion_logprobs
-from ..models import load_model_and_tokenizer, load_tokenizer
+from ..loading.models import load_model_and_tokenizer, load_tokenizer
 from ..objectives import policy_loss
-from ..peak_memory import PeakMemory
+from ..loading.peak_memory import PeakMemory
 from ..prompts import encode_prompts
 from ..rollout import sample_completions, sample_completions_hf
 from ..tasks import get_task
@@ -165,7 +165,7 @@ def make_trl_trainer(model_dir, tokenizer, rows, task, args, out_dir, callback, 
         if getattr(args, "lora", False):
             from peft import LoraConfig
 
-            from ..models import default_lora_target_modules
+            from ..loading.models import default_lora_target_modules
 
             peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, bias="none", task_type="CAUSAL_LM",
                                      target_modules=default_lora_target_modules(model))

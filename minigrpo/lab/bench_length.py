@@ -57,8 +57,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer
 from ..config import Config
 from ..logprobs import completion_logprobs
-from ..models import add_lora, load_model_and_tokenizer
-from ..peak_memory import PeakMemory
+from ..loading.models import add_lora, load_model_and_tokenizer
+from ..loading.peak_memory import PeakMemory
 from ..prompts import encode_prompts
 from ..tasks import get_task
 

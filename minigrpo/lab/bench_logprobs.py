@@ -66,7 +66,7 @@ REPO = Path(__file__).resolve().parents[2]  # the checkout this file belongs to
 
 # ---------------------------------------------------------------------------------------------------------
 # One side, in its own process (run with the side's checkout on PYTHONPATH: only `minigrpo.logprobs` and
-# `minigrpo.peak_memory` are imported from it, which every checkout since the head in blocks has)
+# `minigrpo.loading.peak_memory` are imported from it, which every checkout since the head in blocks has)
 # ---------------------------------------------------------------------------------------------------------
 def _model_and_rows(shape: dict, quick: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -181,7 +181,7 @@ def run_side(job: dict) -> dict:
         if job.get("flops"):
             result["flops"] = _matmul_flops(one_pass)
         return result
-    from minigrpo.peak_memory import PeakMemory
+    from minigrpo.loading.peak_memory import PeakMemory
 
     with PeakMemory("cpu") as rss:
         one_pass()

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from .bench import SHAPES, Clock, _fmt, _mib, _stats, _sync, build_model_dir
-from ..models import add_lora, load_model_and_tokenizer
-from ..peak_memory import PeakMemory
+from ..loading.models import add_lora, load_model_and_tokenizer
+from ..loading.peak_memory import PeakMemory
 from ..prompts import encode_prompts
 from ..rollout import sample_completions
 from ..tasks import get_task
@@ -38,7 +38,7 @@ __all__ = ["main", "sync_main"]
 
 
 def main(args) -> int:
-    from ..rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
+    from ..generation.rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -146,7 +146,7 @@ def _rollout_speed(engine, prompts, G, L, adapter: bool) -> float:
 
 def sync_main(argv: list[str] | None = None) -> int:
     """Weight sync of a LoRA policy into vLLM, adapter-only vs merged: seconds, memory, and rollout tokens/s."""
-    from ..rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
+    from ..generation.rollout_vllm import VLLMEngine  # imports vllm, or says in one line what to install
 
     args = parse_sync_args(sys.argv[1:] if argv is None else argv)
     task = get_task(args.task)
@@ -191,7 +191,7 @@ def _report_sync(args, model, held, sync_s, sync_peak, speed) -> None:
     import transformers
     import vllm
 
-    from ..rollout_vllm import vllm_lora_rank
+    from ..generation.rollout_vllm import vllm_lora_rank
 
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())

@@ -108,7 +108,7 @@ def measure_steps(standin: Path, device: str, sizes: dict, out: Path) -> dict:
     reason = trl_or_reason()
     if reason:
         return {"not_measured": reason}
-    from ..models import load_tokenizer
+    from ..loading.models import load_tokenizer
     from ..tasks import get_task
     from .bench_length import compare_at_length, summarize
 
@@ -134,7 +134,7 @@ def measure_steps(standin: Path, device: str, sizes: dict, out: Path) -> dict:
 def measure_decode(standin: Path, device: str, sizes: dict) -> dict:
     """The decode loop's and HF generate's tokens per second (wall), G completions of one countdown prompt,
     float32 weights under bf16 autocast (as the trainer samples), pure sampling, interleaved, warm-up excluded."""
-    from ..models import load_model_and_tokenizer
+    from ..loading.models import load_model_and_tokenizer
     from ..tasks import get_task
     from .bench import rollout_comparison
 

@@ -134,7 +134,7 @@ def estimate_static_bytes(config, *, weight_bytes: float = 4, lora_r: int = 16, 
     """
     from transformers import AutoModelForCausalLM
 
-    from ..models import default_lora_target_modules
+    from ..loading.models import default_lora_target_modules
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -223,7 +223,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     completion_length = cfg.max_completion_length or get_task(cfg.task).max_completion_length
     mini_batch = cfg.generation_batch_size // cfg.steps_per_generation // cfg.gradient_accumulation_steps  # per pass
     from ..logprobs import BLOCK_ELEMENTS
-    from ..models import kv_size
+    from ..loading.models import kv_size
 
     block_tokens = min(max(1, BLOCK_ELEMENTS // config.vocab_size), mini_batch * completion_length)
     logits = 3 * block_tokens * config.vocab_size * 4
@@ -276,7 +276,7 @@ def vllm_engine_bytes(config, base_params: int, dtype_bytes: int, sequences: int
     dequantized once: 16 bits, not 4; rollout_vllm.py) and the keys and values of one batch of sequences at full
     length (2 x layers x kv heads x head size values per token), in bytes. CUDA graphs and vLLM's own slack are
     not counted."""
-    from ..models import kv_size
+    from ..loading.models import kv_size
 
     weights = base_params * dtype_bytes
     kv_cache = sequences * sequence_length * 2 * config.num_hidden_layers * kv_size(config) * dtype_bytes
@@ -372,7 +372,7 @@ def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, step
     from ..batch import Batch
     from ..logprobs import LogprobForward
     from ..mixed_precision import autocast_dtype, grad_scaler
-    from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+    from ..loading.peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
     from ..run import load_policy
     from ..tasks import get_task
     from ..trainer import grpo_update
@@ -430,8 +430,8 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
     batch without gradient, as reward_model.py does, and the policy's start is kept for the drift (no copy with LoRA).
     Meant to run alone in a fresh process (`measure` does that): the peak is the process's, from its start.
     """
-    from ..models import add_lora, load_model, parameter_counts, reference_policy
-    from ..peak_memory import peak_memory_bytes, reset_peak_memory
+    from ..loading.models import add_lora, load_model, parameter_counts, reference_policy
+    from ..loading.peak_memory import peak_memory_bytes, reset_peak_memory
     from ..ppo_critic import ValueModel, ppo_step
 
     device = torch.device(device)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_MARKER + json.dumps(measure_setup(**json.loads(args.child))), flush=True)
         return 0
 
-    from ..models import resolve_device
+    from ..loading.models import resolve_device
 
     device = resolve_device(args.device).type
     shapes = args.shape or (["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b"] if device == "cuda" else ["tiny", "qwen2.5-0.5b-2l"])

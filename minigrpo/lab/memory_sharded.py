@@ -173,9 +173,9 @@ def measure_step(model_dir: str, *, batch_size: int = 16, num_generations: int =
     from ..advantages import group_advantages
     from ..batch import Batch
     from ..config import Config
-    from ..models import load_model
+    from ..loading.models import load_model
     from ..parallel import ddp_fsdp, processes
-    from ..peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+    from ..loading.peak_memory import current_memory_bytes, peak_memory_bytes, reset_peak_memory
     from ..trainer import grpo_update
     from .memory import _import_model_code, synthetic_batch
 

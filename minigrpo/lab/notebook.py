@@ -28,7 +28,7 @@ def versions() -> dict[str, str]:
     import torch
 
     import minigrpo
-    from minigrpo.models import resolve_device
+    from minigrpo.loading.models import resolve_device
 
     device = resolve_device("auto")
     if device.type == "cuda":

@@ -29,7 +29,7 @@ completions instead of one token repeated: a test comparing two samplers then co
 
 from pathlib import Path
 
-from ..chat_templates import QWEN25_MESSAGES
+from ..loading.chat_templates import QWEN25_MESSAGES
 
 __all__ = ["CHATML_TEMPLATE", "QWEN25_05B_SHAPE", "TOY_SHAPE", "make_standin_chat_model",
            "make_standin_process_reward_model", "PRM_SCORE_TOKEN"]

@@ -83,7 +83,7 @@ def wrap(model, ref_model=None, *, fsdp: str = "", fsdp_config: dict | None = No
             LogprobForward(model), device_ids=[device.index] if device.type == "cuda" else None,
             broadcast_buffers=False)  # buffers (rotary tables) are equal everywhere and never trained
         return ddp, ref_model
-    from ..models import AdapterDisabled
+    from ..loading.models import AdapterDisabled
 
     options = fsdp_config or {}
     policy = _shard(model, options, compute_dtype)

@@ -147,7 +147,7 @@ class AnswerTask(Task):
 
     def is_correct(self, completion: str, answer) -> bool:
         if self.grader == "math_verify":
-            from .math_verify_grader import math_verify_scores
+            from ..sandbox.math_verify_grader import math_verify_scores
 
             tagged = answer_tag(completion)  # the tag's content, else the whole text (math-verify finds \boxed{})
             return math_verify_scores([completion if tagged is None else tagged], [answer])[0] == 1.0

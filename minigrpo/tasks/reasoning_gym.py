@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..errors import ConfigError
-from ..isolation import call_isolated
+from ..sandbox.isolation import call_isolated
 from ..rewards import R1_SOFT, completion_text
 from .answers import R1_SYSTEM_PROMPT, answer_tag
 from .base import Task
@@ -51,7 +51,7 @@ MAX_ANSWER_CHARS = 20_000  # reasoning-gym's longest reference answers are ~5,00
 VERIFIER_TIMEOUT = 5.0  # seconds per call; a scorer takes microseconds (gsm_symbolic) to milliseconds (sympy)
 VERIFIER_MEMORY_BYTES = 1 << 30
 TEST_SEED_OFFSET = 1_000_003
-SCORER = "minigrpo.verifiers:reasoning_gym_score"
+SCORER = "minigrpo.sandbox.verifiers:reasoning_gym_score"
 SPLIT_KEYS = ("size", "test_size", "seed")
 
 

@@ -46,7 +46,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from ..chat_templates import QWEN25_MESSAGES
+from ..loading.chat_templates import QWEN25_MESSAGES
 from ..rewards import completion_text
 from .base import Task
 

@@ -17,7 +17,7 @@ from .execute import ToolWorker, cut_output, execute_tool_call, tool_output_text
 from .loop import ToolRollout, Turn, sample_with_tools, tool_call_loop
 from .template import encode_as_text, prompt_ids_with_tools, tool_suffix_ids
 from ..errors import ConfigError
-from ..user_code import load_callable
+from ..sandbox.user_code import load_callable
 from .builtin import calculator, python
 
 BUILTIN_TOOLS = {"python": python, "calculator": calculator}

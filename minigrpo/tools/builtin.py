@@ -19,7 +19,7 @@ import ast
 import math
 import operator
 
-from ..isolation import run_python
+from ..sandbox.isolation import run_python
 
 __all__ = ["python", "calculator", "PYTHON_TIMEOUT", "PYTHON_MEMORY_BYTES", "PYTHON_OUTPUT_CHARS"]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engines import sampling_options
+from ..generation.engines import sampling_options
 from ..prompts import left_pad
 from ..rollout import Rollout
 from .calls import ToolCall, parse_assistant_turn, tool_schemas

@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from .errors import MinigrpoError
-from .parallel import processes
+from ..errors import MinigrpoError
+from ..parallel import processes
 
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "list_checkpoints",
            "truncate_metrics", "CheckpointError", "RESUMABLE_CHANGES"]

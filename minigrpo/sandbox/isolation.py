@@ -21,7 +21,7 @@ come back as JSON lines, never unpickled.
 
 One mechanism, two uses:
 
-    call_isolated("minigrpo.verifiers:reasoning_gym_score", [(answer, entry, options), ...], timeout=5)
+    call_isolated("minigrpo.sandbox.verifiers:reasoning_gym_score", [(answer, entry, options), ...], timeout=5)
         -> [CallResult(value=1.0), CallResult(value=None, error="timeout"), ...]     a kept-alive worker
     run_python(code, timeout=10)  ->  ScriptResult(output, status, timed_out, output_cut)  a fresh interpreter
 
@@ -56,7 +56,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import MinigrpoError
+from ..errors import MinigrpoError
 
 __all__ = ["CallResult", "IsolatedCaller", "IsolationError", "call_isolated", "take_failed_count", "run_python",
            "ScriptResult", "Limits"]
@@ -183,7 +183,7 @@ def _empty_dir(workdir: str) -> None:
 class IsolatedCaller:
     """Calls ``target`` ("module:function") in a kept-alive worker process, one batch at a time.
 
-        caller = IsolatedCaller("minigrpo.verifiers:reasoning_gym_score", Limits(timeout=5))
+        caller = IsolatedCaller("minigrpo.sandbox.verifiers:reasoning_gym_score", Limits(timeout=5))
         results = caller.map([(answer, entry, options), ...])     # one CallResult per call, in order
         caller.failed                                             # calls that failed so far
 
@@ -255,7 +255,7 @@ class IsolatedCaller:
                  "max_result_chars": self.limits.max_result_chars,
                  "sys_path": [os.path.abspath(p or os.getcwd()) for p in sys.path]}
         boot = (f"import sys; sys.path.insert(0, {_package_root()!r}); "
-                "from minigrpo.isolation import worker_main; worker_main(sys.argv[1])")
+                "from minigrpo.sandbox.isolation import worker_main; worker_main(sys.argv[1])")
         self._proc = subprocess.Popen([sys.executable, "-I", "-c", boot, json.dumps(setup)], cwd=self._dir,
                                       env=minimal_env(self._dir),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

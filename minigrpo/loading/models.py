@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -24,7 +24,7 @@ Padding is on the left, as generation needs.
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from .tasks.think_addition import THINK_CLOSE, THINK_OPEN
+from ..tasks.think_addition import THINK_CLOSE, THINK_OPEN
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 CHARACTERS = list("0123456789+=,")

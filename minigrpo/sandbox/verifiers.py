@@ -6,8 +6,8 @@ math-verify's ``parse``/``verify`` (sympy underneath: a hostile expression can t
 They run in the worker, which is why this module imports nothing of minigrpo's (no torch): a worker starts in
 about a second and restarts as fast after a call it had to kill.
 
-    call_isolated("minigrpo.verifiers:reasoning_gym_score", [(answer, entry, options), ...])
-    call_isolated("minigrpo.verifiers:math_verify_score", [(answer, reference), ...])
+    call_isolated("minigrpo.sandbox.verifiers:reasoning_gym_score", [(answer, entry, options), ...])
+    call_isolated("minigrpo.sandbox.verifiers:math_verify_score", [(answer, reference), ...])
 """
 
 import json

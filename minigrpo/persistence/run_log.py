@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .errors import ConfigError
-from .metrics import finite_or_none, json_line
+from ..errors import ConfigError
+from ..metrics import finite_or_none, json_line
 
 __all__ = ["RunLog", "completion_records", "REPORT_TO", "step_line"]
 

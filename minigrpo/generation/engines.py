@@ -28,7 +28,7 @@ builds a contract-abiding Rollout from plain lists of token ids, for engines lik
 
 from typing import Protocol
 
-from .rollout import Rollout, continue_from_ids, sample_completions
+from ..rollout import Rollout, continue_from_ids, sample_completions
 
 __all__ = ["RolloutEngine", "GenerateEngine", "sampling_options"]
 
