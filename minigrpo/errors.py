@@ -1,11 +1,12 @@
 """The errors minigrpo raises for input it cannot use, and how the CLI tells them from bugs.
 
 ConfigError lives here, since every floor of the package raises it (a config key that does not fit: config.py's
-validation, the models, the engines, the tasks, the tools). The other modules keep their own error class beside the
-checks that raise it (DataError in tasks/sources.py, RewardError in rewards.py, CheckpointError in checkpoint.py,
-...); each derives from MinigrpoError. `minigrpo train` prints such an error as one line and exits 2: the message names what to fix (a
-config key, a file and line, a reward function and the completion it failed on). Any other exception is a bug,
-in minigrpo or in a module you edited, and the CLI lets it through with its traceback.
+validation, the models, the engines, the tasks, the tools). The other modules keep their own error class beside
+the checks that raise it (DataError in tasks/sources.py, RewardError in rewards.py, CheckpointError in
+persistence/checkpoint.py, ...); each derives from MinigrpoError. `minigrpo train` prints such an error as one
+line and exits 2: the message names what to fix (a config key, a file and line, a reward function and the
+completion it failed on). Any other exception is a bug, in minigrpo or in a module you edited, and the CLI lets it
+through with its traceback.
 """
 
 __all__ = ["MinigrpoError", "ConfigError", "UsageError", "did_you_mean"]

@@ -121,7 +121,7 @@ def completion_logprobs(
     vocabulary). entropy_grad: the entropy with its gradient (an entropy bonus, entropy_coef), which only the
     plain path has: full logits, so the memory the head saves is spent. share_prompts=False: each row runs its own
     prompt (the same numbers, G times the prompt's compute; see the module docstring, 3). one_pass: the whole batch
-    in one call of the decoder, untrimmed (sharded training makes the same calls on every process: parallel/ddp_fsdp.py).
+    in one call of the decoder, untrimmed (sharded training makes the same calls on every process: ddp_fsdp.py).
     top_k, top_p: the sampler's truncation; the log-probs and entropies are those of the distribution it drew from.
     with_sum_pi_squared: a third output, sum_v pi_v^2 at each position (B, T), computed in the head's blocks like the
     entropy (never a tokens x vocabulary tensor); without gradient only (the optimal token baseline's old policy).

@@ -233,9 +233,9 @@ def grpo_update(policy, optimizer, inputs: Batch, cfg: Config, *, max_completion
     optimizer step per mini-batch. Returns each mini-batch's statistics (policy_loss's, plus loss, grad_norm,
     tokens and entropy; with fp16's scaler, skipped (1.0 where an overflow skipped the step) and loss_scale).
 
-    policy: LogprobForward(model), or its engine's (parallel/). inputs: a Batch on the model's device, N completions, with loss_mask set (the policy's tokens, less what
-    mask_truncated_completions drops) and old_logp, ref_logp, is_weight, sampling_logp each None when not used
-    (old_logp None: on-policy, the ratio is 1).
+    policy: LogprobForward(model), or its engine's (parallel/). inputs: a Batch on the model's device, N
+    completions, with loss_mask set (the policy's tokens, less what mask_truncated_completions drops) and old_logp,
+    ref_logp, is_weight, sampling_logp each None when not used (old_logp None: on-policy, the ratio is 1).
 
     gradient_accumulation_steps > 1 runs each mini-batch in that many micro-batches (less memory), each loss its
     share of the mini-batch's (objectives/aggregation.py, which also knows the W processes), gradients summed: the

@@ -71,7 +71,8 @@ def main() -> None:
         for name, cfg in configs.items():
             batch, wall, cpu = timed(lambda: collect_batch(cfg, engine, sampler, reward_funcs, [1.0], max_len, model))
             inputs, _ = prepare_update(cfg, batch, LogprobForward(model), None, contextlib.nullcontext)
-            _, wall_u, cpu_u = timed(lambda: grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=max_len))
+            _, wall_u, cpu_u = timed(lambda: grpo_update(LogprobForward(model), optimizer, inputs, cfg,
+                                                         max_completion_length=max_len))
             if round_ >= args.warmup:
                 for key, value in (("rollout", wall), ("rollout_cpu", cpu), ("update", wall_u), ("update_cpu", cpu_u)):
                     times[name][key].append(value)

@@ -25,7 +25,8 @@ def test_an_entropy_bonus_alone_moves_the_policy_toward_more_entropy(random_mode
     for coef in (0.0, 0.5):
         m = copy.deepcopy(model)
         cfg = Config(num_generations=4, generation_batch_size=4, entropy_coef=coef, max_grad_norm=1e9)
-        stats[coef] = grpo_update(LogprobForward(m), torch.optim.SGD(m.parameters(), lr=0.5), inputs, cfg, max_completion_length=5)[0]
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.5)
+        stats[coef] = grpo_update(LogprobForward(m), optimizer, inputs, cfg, max_completion_length=5)[0]
         if coef:
             assert mean_entropy(m) > mean_entropy(model)
     assert stats[0.0]["grad_norm"] == 0.0  # A = 0: nothing to learn without the bonus

@@ -105,8 +105,8 @@ def test_two_processes_match_one(tmp_path, one_thread, one_process_runs, fsdp, l
 
 
 def test_one_pass_log_probs_equal_the_length_grouped_ones(random_model_dir):
-    """Under FSDP2 the log-probs take one decoder call for the whole micro-batch (parallel/ddp_fsdp.ShardedLogprobForward): the
-    same numbers and gradients as logprobs.py's length groups and shared prompts, with the head still in blocks."""
+    """Under FSDP2 the log-probs take one decoder call for the whole micro-batch (ShardedLogprobForward): the same
+    numbers and gradients as logprobs.py's length groups and shared prompts, with the head still in blocks."""
     from minigrpo.logprobs import completion_logprobs
     from minigrpo.loading.models import load_model
 

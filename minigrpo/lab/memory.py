@@ -400,7 +400,8 @@ def measure_recipe_step(cfg, device: str = "cpu", prompt_length: int = 200, step
     for step in range(steps):
         if step == steps - 1:
             reset_peak_memory(device)
-        grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=completion_length, autocast=autocast,
+        grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=completion_length,
+                    autocast=autocast,
                     scaler=scaler)
     peak = peak_memory_bytes(device) - baseline
     del model, optimizer, inputs

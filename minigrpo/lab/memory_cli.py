@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from .memory import RESULT_MARKER, SETUPS, SHAPES, format_recipe_table, format_table, measure, measure_setup, recipe_floor
+from .memory import (RESULT_MARKER, SETUPS, SHAPES, format_recipe_table, format_table, measure, measure_setup,
+                     recipe_floor)
 from .memory import __doc__ as MEMORY_DOC
 
 

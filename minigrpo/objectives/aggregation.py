@@ -24,8 +24,8 @@ import torch
 
 from .common import sequence_mean
 
-__all__ = ["Aggregation", "AGGREGATIONS", "aggregate", "micro_batch_share", "grpo_aggregate", "bnpo_aggregate", "dapo_aggregate",
-           "dr_grpo_aggregate", "luspo_aggregate"]
+__all__ = ["Aggregation", "AGGREGATIONS", "aggregate", "micro_batch_share", "grpo_aggregate", "bnpo_aggregate",
+           "dapo_aggregate", "dr_grpo_aggregate", "luspo_aggregate"]
 
 
 def grpo_aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

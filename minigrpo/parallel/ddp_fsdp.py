@@ -70,9 +70,10 @@ def wrap(model, ref_model=None, *, fsdp: str = "", fsdp_config: dict | None = No
          compute_dtype: torch.dtype | None = None):
     """(policy, reference): what the loss's log-probs are computed with, for this run's W processes.
 
-    W > 1 (processes.wrap: one process needs none of this). fsdp "": DistributedDataParallel around the policy; the reference (no
-    gradient) stays as it is. fsdp "full_shard": the policy sharded with FSDP2, and the reference too (a full
-    copy sharded the same way, or, with LoRA, the sharded policy with its adapter switched off).
+    W > 1 only (processes.wrap: one process needs none of this). fsdp "": DistributedDataParallel around the
+    policy; the reference (no gradient) stays as it is. fsdp "full_shard": the policy sharded with FSDP2, and the
+    reference too (a full copy sharded the same way, or, with LoRA, the sharded policy with its adapter switched
+    off).
     model and ref_model stay the bare models the rest of the trainer calls; FSDP2 shards their parameters in place,
     so build the optimizer from model.parameters() after this call. compute_dtype: FSDP2's parameter dtype in
     forward and backward (bfloat16 / float16 under bf16 / fp16; None: the weights' own).
