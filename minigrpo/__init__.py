@@ -13,8 +13,12 @@ The top of the package is one training step and its math, in the order a step ru
     logprobs.py       log pi of the completion tokens; LogprobForward, the one object every log-prob goes through
     objectives/       the loss types (one file each), the aggregations, policy_loss
     kl.py, truncation.py, mixed_precision.py, metrics.py, evaluate.py, prompts.py   the step's other pieces
+    step_rewards.py   process supervision: a reward per step, mapped onto the tokens; preference/, the math of
+                      learned rewards (Bradley-Terry, DPO, best-of-n, over-optimization)
+    reward_model.py, judge.py, process_reward_model.py   a reward from a trained model, an LLM judge, a hub PRM
     config.py         every option, once; errors.py, the one-line errors; cli.py, `minigrpo ...`
-    run.py            the set-up and wrap-up the three loops share (trainer.py, ppo_trainer.py, sft.py)
+    run.py            the set-up and wrap-up the loops share (trainer.py; ppo_trainer.py, sft.py, reward_trainer.py,
+                      dpo_trainer.py)
 
 The machinery is in rooms named for their jobs, one call away:
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from . import advantages
 from .advantages import gfpo_keep, kl_penalized_rewards
 from .batch import Batch, PromptSampler, ToolSetup
-from .generation.engines import sampling_options
 from .errors import ConfigError
+from .generation.engines import sampling_options
 from .logprobs import completion_logprobs
 from .parallel import processes
 from .prompts import completions_for_rewards
@@ -165,7 +165,7 @@ def _gathered(step_rewards: torch.Tensor, step_end: torch.Tensor, num_tokens: in
               ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Every process's step tensors, padded to the most steps (K), and the widest completion tensor (T): what the
     per-token estimator computes on. One process: its own tensors and T."""
-    gathered = distributed.gather_objects((step_rewards, step_end, num_tokens))
+    gathered = processes.gather_objects((step_rewards, step_end, num_tokens))
     K = max(r.shape[1] for r, _, _ in gathered)
     pad = lambda x, fill: F.pad(x, (0, K - x.shape[1]), value=fill)  # noqa: E731
     return (torch.cat([pad(r, float("nan")) for r, _, _ in gathered]), torch.cat([pad(e, 0) for _, e, _ in gathered]),

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import distributed
 from .config import Config, ConfigError
+from .loading.models import resolve_device
 from .logprobs import completion_logprobs
-from .models import resolve_device
+from .parallel import processes
 from .preference import dpo_loss, preference_pair
 from .prompts import encode_prompts, left_pad
 from .reward_trainer import UNSUPPORTED, epoch_batches
@@ -80,7 +80,7 @@ def train_dpo(cfg: Config, pairs: list[dict], dpo: DPOConfig | None = None, *, p
     settings, max_grad_norm, eval_steps / eval_num_problems / eval_limit, output_dir, save_model, device,
     chat_template_kwargs. Its own settings (beta, epochs, batch size) are DPOConfig's."""
     dpo = dpo or DPOConfig()
-    if distributed.launched_processes() > 1 or cfg.load_in_4bit:
+    if processes.launched_processes() > 1 or cfg.load_in_4bit:
         raise ConfigError("train_dpo: one process, full weights or LoRA")
     for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
         if getattr(cfg, key) != default:

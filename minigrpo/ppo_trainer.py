@@ -52,9 +52,9 @@ from .batch import PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError, coerce_value
 from .generation.engine_mismatch import sampler_correction
+from .loading.models import parameter_counts, reference_policy, resolve_device
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
-from .loading.models import parameter_counts, reference_policy, resolve_device
 from .parallel import processes
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError

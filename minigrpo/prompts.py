@@ -24,12 +24,19 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["is_conversational", "prompt_text", "encode_prompts", "left_pad", "completions_for_rewards"]
+__all__ = ["is_conversational", "prompt_text", "completion_text", "encode_prompts", "left_pad", "completions_for_rewards"]
 
 
 def is_conversational(prompt) -> bool:
     """True for a list of {"role", "content"} messages (TRL's conversational format)."""
     return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+
+
+def completion_text(completion) -> str:
+    """Text of a completion, also in TRL's conversational form [{"role": "assistant", "content": ...}]."""
+    if isinstance(completion, list):
+        return completion[-1]["content"] if completion else ""
+    return completion or ""
 
 
 def prompt_text(tokenizer, prompt, chat_template_kwargs: dict | None = None) -> str:

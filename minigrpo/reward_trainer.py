@@ -35,11 +35,11 @@ from typing import get_type_hints
 
 import torch
 
-from . import distributed
 from .config import Config, ConfigError, coerce_value
-from .engines import GenerateEngine
+from .generation.engines import GenerateEngine
+from .loading.models import is_lora, is_quantized, load_model, load_model_and_tokenizer, peft_wrapping, resolve_device
 from .metrics import json_line
-from .models import is_lora, is_quantized, load_model, load_model_and_tokenizer, peft_wrapping, resolve_device
+from .parallel import processes
 from .preference import bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc
 from .prompts import completions_for_rewards
 from .reward_model import RewardModel, reward_texts, sequence_scores
@@ -218,7 +218,7 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     max_completion_length for the policy's samples (`rows_from_policy`). train_rows, eval_rows: the rows themselves.
     """
     reward_cfg = reward_cfg or RewardConfig()
-    if distributed.launched_processes() > 1:
+    if processes.launched_processes() > 1:
         raise ConfigError("train_reward_model: one process only")
     for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
         if getattr(cfg, key) != default:

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .sandbox.user_code import callable_name, load_callable
-
 from .errors import MinigrpoError
+from .prompts import completion_text  # noqa: F401 - the tasks and reward functions take it from here
+from .sandbox.user_code import callable_name, load_callable
 from .step_rewards import StepRewards, arithmetic_steps
 
 __all__ = ["RewardError", "StepRewards", "completion_text", "answer_tag", "r1_format", "r1_format_soft",
@@ -50,13 +50,6 @@ class RewardError(MinigrpoError, RuntimeError):
 R1_STRICT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL)
 R1_SOFT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def completion_text(completion) -> str:
-    """Text of a completion, also in TRL's conversational form [{"role": "assistant", "content": ...}]."""
-    if isinstance(completion, list):
-        return completion[-1]["content"] if completion else ""
-    return completion or ""
 
 
 def answer_tag(text: str) -> str | None:

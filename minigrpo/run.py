@@ -24,28 +24,28 @@ import yaml
 from tqdm.auto import tqdm
 
 from .batch import ToolSetup
-from .persistence.checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
-                         save_checkpoint, truncate_metrics)
 from .config import Config, ConfigError
-from .generation.engines import GenerateEngine, RolloutEngine
 from .evaluate import evaluate
+from .generation.engines import GenerateEngine, RolloutEngine
 from .judge import LLMJudge
-from .metrics import finite_or_none
-from .mixed_precision import autocast_dtype, grad_scaler
 from .loading.models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
+from .loading.peak_memory import peak_memory_bytes
+from .metrics import finite_or_none
+from .mixed_precision import autocast_dtype, grad_scaler
 from .parallel import processes
 from .parallel.processes import say
-from .loading.peak_memory import peak_memory_bytes
+from .persistence.checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
+                         save_checkpoint, truncate_metrics)
+from .persistence.run_log import RunLog
 from .prompts import encode_prompts
 from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
 from .rewards import build_reward_funcs, reward_func_name, reward_names
 from .rollout import eos_token_ids
-from .persistence.run_log import RunLog
+from .sandbox.user_code import callable_name
 from .tasks import Task, get_task
 from .tasks.sources import dataset_rows, describe_rows, hold_out, read_dataset
 from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
-from .sandbox.user_code import callable_name
 
 __all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
            "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator",

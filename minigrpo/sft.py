@@ -24,8 +24,8 @@ from collections.abc import Callable
 import torch
 
 from .config import Config, ConfigError
-from .mixed_precision import optimizer_step, scaled_backward
 from .loading.models import resolve_device
+from .mixed_precision import optimizer_step, scaled_backward
 from .parallel import processes
 from .run import evaluator, finish_run, load_run, make_optimizer, write_config
 from .tasks import Task, get_task

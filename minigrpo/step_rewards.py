@@ -128,7 +128,7 @@ def arithmetic_steps(prompts, completions, **row) -> list[StepRewards]:
     A step ends after its newline (the last one at the end of the text). A completion with no non-blank line is one
     step of reward 0 covering the whole text (nothing shown, nothing right). Checks the steps written, not the answer
     nor the steps a chain would need (module docstring): pair it with an outcome reward (e.g. correctness)."""
-    from .rewards import completion_text
+    from .prompts import completion_text
 
     texts = row.get("completion_text") or [completion_text(c) for c in completions]
     out = []

@@ -56,7 +56,7 @@ from minigrpo.rollout import sample_completions  # noqa: E402
 from minigrpo.sft import sft_batch  # noqa: E402
 from minigrpo.tasks import get_task  # noqa: E402
 from minigrpo.tasks.think_addition import scratchpad_steps  # noqa: E402
-from minigrpo.tokenizer import build_tokenizer  # noqa: E402
+from minigrpo.loading.tokenizer import build_tokenizer  # noqa: E402
 
 SFT = dict(lr=5e-4, warmup_steps=20, batch_size=64, max_steps=1000)
 EVAL_EVERY, EVAL_PROBLEMS, EVAL_SAMPLES = 10, 100, 4

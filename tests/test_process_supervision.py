@@ -17,7 +17,7 @@ from minigrpo.rollout import rollout_from_ids
 from minigrpo.step_rewards import arithmetic_steps, step_tensors, step_token_ends, token_starts
 from minigrpo.tasks import get_task
 from minigrpo.tasks.think_addition import scratchpad_steps
-from minigrpo.tokenizer import build_tokenizer
+from minigrpo.loading.tokenizer import build_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,7 +21,7 @@ TASK = get_task("think_addition")
 @pytest.fixture(scope="module")
 def labelled():
     """The warm start's samples of 12 train and 6 test prompts (4 each), labelled by the task's checker."""
-    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.loading.models import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(TASK.model_dir)
     torch.manual_seed(0)
@@ -137,7 +137,7 @@ def test_dpo_trains_on_the_pairs_starting_from_log_2(labelled, tmp_path):
 def test_dpo_reads_a_completion_as_the_ids_the_policy_sampled():
     """Text + eos, after the prompt as GRPO encodes it: the ids a rollout holds, so DPO and GRPO train the same ids."""
     from minigrpo.dpo_trainer import encode_pairs
-    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.loading.models import load_model_and_tokenizer
     from minigrpo.rollout import sample_completions
 
     model, tokenizer = load_model_and_tokenizer(TASK.model_dir)

@@ -47,10 +47,10 @@ import torch
 from ..collect import collect_batch
 from ..config import Config
 from ..generation.engines import GenerateEngine
-from ..logprobs import LogprobForward, completion_logprobs
 from ..loading.models import load_model_and_tokenizer, load_tokenizer
-from ..objectives import policy_loss
 from ..loading.peak_memory import PeakMemory
+from ..logprobs import LogprobForward, completion_logprobs
+from ..objectives import policy_loss
 from ..prompts import encode_prompts
 from ..rollout import sample_completions, sample_completions_hf
 from ..tasks import get_task

@@ -54,13 +54,13 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer
 from ..config import Config
-from ..logprobs import completion_logprobs
 from ..loading.models import add_lora, load_model_and_tokenizer
 from ..loading.peak_memory import PeakMemory
+from ..logprobs import completion_logprobs
 from ..prompts import encode_prompts
 from ..tasks import get_task
+from .bench import SHAPES, Clock, _sync, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer
 
 __all__ = ["force_eos", "compare_at_length", "matmul_peak", "training_pass_flops", "main"]
 

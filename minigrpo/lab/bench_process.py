@@ -28,14 +28,14 @@ import warnings
 
 import torch
 
-from .bench import Clock, _fmt, _stats
 from ..collect import sample_round
 from ..config import Config
-from ..engines import GenerateEngine
-from ..models import load_model_and_tokenizer
+from ..generation.engines import GenerateEngine
+from ..loading.models import load_model_and_tokenizer
 from ..rewards import build_reward_funcs
 from ..tasks import get_task
 from ..trainer import grpo_update
+from .bench import Clock, _fmt, _stats
 
 __all__ = ["main", "SIDES"]
 

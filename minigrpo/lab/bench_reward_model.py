@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from ..collect import collect_batch
-from ..engines import GenerateEngine
-from ..models import load_model_and_tokenizer
+from ..generation.engines import GenerateEngine
+from ..loading.models import load_model_and_tokenizer
 from ..reward_model import load_reward_model
 from ..rewards import score_completions
 from ..tasks import get_task

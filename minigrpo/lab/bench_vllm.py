@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from .bench import SHAPES, Clock, _fmt, _mib, _stats, _sync, build_model_dir
 from ..loading.models import add_lora, load_model_and_tokenizer
 from ..loading.peak_memory import PeakMemory
 from ..prompts import encode_prompts
 from ..rollout import sample_completions
 from ..tasks import get_task
+from .bench import SHAPES, Clock, _fmt, _mib, _stats, _sync, build_model_dir
 
 __all__ = ["main", "sync_main"]
 

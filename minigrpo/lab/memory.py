@@ -488,7 +488,7 @@ def _reward_model_of_shape(model_dir: str, device, dtype: str):
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from ..models import DTYPES
+    from ..loading.models import DTYPES
 
     hf_logging.set_verbosity_error()  # the new head's "newly initialized" note
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=DTYPES[dtype])

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..errors import ConfigError
-from ..sandbox.isolation import call_isolated
 from ..rewards import R1_SOFT, completion_text
+from ..sandbox.isolation import call_isolated
 from .answers import R1_SYSTEM_PROMPT, answer_tag
 from .base import Task
 from .countdown import evaluate_expression

@@ -11,14 +11,14 @@ The entry point is ``sample_with_tools`` (loop.py), which returns a ``ToolRollou
 (1 = the policy's token, 0 = the tool's) and per-row counts of calls, failures and tool turns.
 """
 
+from ..errors import ConfigError
+from ..sandbox.user_code import load_callable
+from .builtin import calculator, python
 from .calls import ToolCall, parse_assistant_turn, parse_tool_calls, tool_schema, tool_schemas
 from .environment import EnvironmentPool, environment_rewards, environment_tools, prompt_with_observation
 from .execute import ToolWorker, cut_output, execute_tool_call, tool_output_text
 from .loop import ToolRollout, Turn, sample_with_tools, tool_call_loop
 from .template import encode_as_text, prompt_ids_with_tools, tool_suffix_ids
-from ..errors import ConfigError
-from ..sandbox.user_code import load_callable
-from .builtin import calculator, python
 
 BUILTIN_TOOLS = {"python": python, "calculator": calculator}
 
