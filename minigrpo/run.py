@@ -73,6 +73,12 @@ class RunSetup:
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (mixed_precision.py), part of every checkpoint
 
     @property
+    def logs_drift(self) -> bool:
+        """Whether the run logs its drift from the start, KL(pi || pi_init): when a reward is learned (a reward
+        model, a judge), which a policy can over-optimize."""
+        return any(getattr(f, "learned", False) for f in self.reward_funcs)
+
+    @property
     def compute_dtype(self) -> torch.dtype | None:
         """The 16-bit dtype the forward passes run in (bf16: bfloat16, fp16: float16), None for the weights' own."""
         return autocast_dtype(self.bf16, self.fp16)

@@ -87,8 +87,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     run = load_run(cfg, device, reward_funcs, model=model, processing_class=processing_class, train_rows=train_rows,
                    eval_rows=eval_rows)  # claims output_dir; seeded: the task, the policy, its rows and rewards
     model, tokenizer, task, out, max_len = run.model, run.tokenizer, run.task, run.out, run.max_completion_length
-    drift = any(getattr(f, "learned", False) for f in run.reward_funcs)  # a learned reward: log KL(pi || pi_init)
-    ref_model = reference_policy(model) if cfg.beta > 0 or drift else None
+    ref_model = reference_policy(model) if cfg.beta > 0 or run.logs_drift else None  # also the drift's start
     # Every log-prob of the loss goes through policy: LogprobForward(model) alone, DDP's / FSDP2's when W > 1.
     policy, ref_policy = processes.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
                                         compute_dtype=run.compute_dtype)
@@ -123,12 +122,12 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
         bar.set_postfix_str("updating")
-        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, run.autocast, drift)
+        inputs, sampling_stats = prepare_update(cfg, batch.to(device), policy, ref_policy, run.autocast, run.logs_drift)
 
         # 5. Optimise: num_iterations passes over the batch, each in steps_per_generation mini-batches.
         policy.train()
         step_stats = grpo_update(policy, optimizer, inputs, cfg, max_completion_length=max_len, autocast=run.autocast,
-                                 step=step, scaler=run.scaler, drift=drift)
+                                 step=step, scaler=run.scaler, drift=run.logs_drift)
         engine.sync_weights()  # an engine with its own copy of the weights (vLLM) catches up; generate: no-op
         learning_rate = scheduler.get_last_lr()[0]
         scheduler.step()
@@ -262,8 +261,9 @@ def grpo_update(policy, optimizer, inputs: Batch, cfg: Config, *, max_completion
                               num_items_in_batch=num_tokens / cfg.steps_per_generation)
             for i, micro in enumerate(micro_batches.split(len(mb) // cfg.gradient_accumulation_steps)):
                 with processes.no_sync(policy, last_micro_batch=i == cfg.gradient_accumulation_steps - 1):  # DDP
+                    # the loss is this micro-batch's share of the mini-batch's (mini_batch: objectives/aggregation.py)
                     loss, stats = micro_batch_loss(policy, inputs, micro, cfg, max_completion_length, autocast,
-                                                   drift=drift, **mini_batch)  # this micro-batch's share of the mini-batch's loss
+                                                   drift=drift, **mini_batch)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
                 scaled_backward(loss, scaler)  # fp16: of S * loss
