@@ -63,7 +63,7 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     say(f"scoring {len(completions)} completions with {len(reward_funcs)} reward function(s)")
     graded_steps = {}  # {j: each completion's StepRewards} from the function j that grades steps, if any
     rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns, steps=graded_steps)
-    steps = _step_tensors(engine.tokenizer, roll, columns["completion_ids"], graded_steps)  # (N, K) each, or None
+    steps = _step_tensors(engine, roll, columns["completion_ids"], graded_steps)  # (N, K) each, or None
     if steps is not None:  # a step reward beyond float32 (inf) makes its completion unscorable, as a reward does
         unscorable = unscorable | steps[0].isinf().any(1)
     rewards = combine_rewards(rewards_per_func, unscorable, reward_weights)  # (N,), NaN = unscorable
@@ -151,14 +151,16 @@ def _gather_padded(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
 
-def _step_tensors(tokenizer, roll, ids: list[list[int]], graded_steps: dict
+def _step_tensors(engine, roll, ids: list[list[int]], graded_steps: dict
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The graded steps as (step_rewards, step_end), (N, K) each, every step's end mapped from characters to the
-    completion's tokens (ids) through the tokenizer's offsets (step_rewards.py); None when no function graded steps."""
+    completion's tokens (ids) through the offsets of the engine's tokenizer (step_rewards.py); None when no function
+    graded steps. Only step rewards read `engine.tokenizer`: an engine needs no more than engines.py's two methods."""
     if not graded_steps:
         return None
     (steps,) = graded_steps.values()
-    return step_tensors(steps, token_starts(tokenizer, roll.completions, ids), [len(t) for t in roll.completions])
+    starts = token_starts(engine.tokenizer, roll.completions, ids)
+    return step_tensors(steps, starts, [len(t) for t in roll.completions])
 
 
 def _gathered(step_rewards: torch.Tensor, step_end: torch.Tensor, num_tokens: int

@@ -92,6 +92,31 @@ def test_rollout_from_ids_keeps_the_contract(model_and_tokenizer):
     assert roll.completions[0] == "15"
 
 
+def test_an_engine_needs_only_its_two_methods_to_be_scored(model_and_tokenizer):
+    """sample_round asks an engine for generate (and sync_weights between batches), nothing else: an engine written
+    from the interface alone (no tokenizer attribute) is scored, as notebook 07's hand-made group is."""
+    from minigrpo.collect import sample_round
+    from minigrpo.tasks import get_task
+
+    model, tokenizer = model_and_tokenizer
+    task = get_task("addition")
+
+    class Fixed:
+        def generate(self, prompts, *, num_generations, max_completion_length, **options):
+            eos = eos_token_ids(model, tokenizer)
+            ids = [tokenizer("5", add_special_tokens=False)["input_ids"] + [eos[0]]] * (len(prompts) * num_generations)
+            return rollout_from_ids(tokenizer(prompts)["input_ids"], ids, tokenizer, eos, num_generations,
+                                    max_completion_length)
+
+        def sync_weights(self):
+            pass
+
+    rows = [{"prompt": "2+3=", "answer": "5"}]
+    batch = sample_round(Config(num_generations=2, generation_batch_size=2), Fixed(), rows, [task.correctness_reward],
+                         [1.0], 4)
+    assert batch.rewards.tolist() == [1.0, 1.0]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_use_vllm_without_vllm_says_what_to_do(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer

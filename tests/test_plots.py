@@ -261,3 +261,18 @@ def test_plot_seeds_draws_each_seed_and_their_mean():
     assert [list(line.get_ydata()) for line in thin] == [[0.1, 0.5, 0.7], pytest.approx([0.3, 0.3, 0.5])]
     assert list(mean.get_xdata()) == [0, 2, 3] and list(mean.get_ydata()) == pytest.approx([0.2, 0.4, 0.6])
     assert mean.get_label() == "process (mean of 2)"
+
+
+def test_first_steps_puts_the_reward_beside_the_graders_accuracy_for_every_run():
+    from minigrpo.lab.plots import plot_first_steps
+
+    paid_for_length = [dict(m, reward=0.9, accuracy=0.1) for m in METRICS]  # the reward rises, the accuracy does not
+    healthy = [dict(m, accuracy=m["reward"]) for m in METRICS]
+    fig = plot_first_steps({"healthy": healthy, "paid for length": paid_for_length}, start={"healthy": 0.3})
+    reward_ax, accuracy_ax = fig.axes[:2]
+    assert [line.get_ydata().tolist() for line in reward_ax.lines] == [[0.2, 0.4, 0.6], [0.9, 0.9, 0.9]]
+    samples, held_out = accuracy_ax.lines[:2]  # the healthy run's: the grader on its samples, then held out
+    assert samples.get_ydata().tolist() == [0.2, 0.4, 0.6] and held_out.get_xdata().tolist() == [0, 2, 3]
+    assert held_out.get_ydata().tolist() == [0.3, 0.5, 0.7]
+    assert accuracy_ax.lines[2].get_ydata().tolist() == [0.1, 0.1, 0.1]
+    assert len(fig.axes) == 6

@@ -5,6 +5,7 @@
     plots.py                                   every figure: the CLI's `minigrpo plot`, the notebooks, a run's plots/
     show.py                                    `minigrpo show`: a run's completions as tables
     standin.py                                 offline stand-ins for hub models (random weights, real chat templates)
+    cast_engine.py                             a sampler in bfloat16 beside a float32 trainer: the engine mismatch, no vLLM
     notebook.py                                the notebooks' first cell: versions, threads, fast mode
 
 The library (floors 1-3) never imports the lab, except the plots a finished run draws (run.finish_run, lazily).

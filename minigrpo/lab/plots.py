@@ -31,7 +31,7 @@ __all__ = [
     "plot_critic", "plot_advantage_variance", "plot_critic_runs",
     "plot_advantage_vs_num_correct", "plot_histograms", "plot_token_heatmap",
     "plot_surrogate", "plot_kl_samples", "plot_token_ratios", "plot_memory", "plot_sampling_mismatch",
-    "plot_advantage_heatmap", "plot_seeds",
+    "plot_first_steps", "plot_advantage_heatmap", "plot_seeds",
 ]
 
 
@@ -218,6 +218,45 @@ def plot_run_comparison(runs: dict[str, list[dict]], start: dict[str, float] | N
     return fig
 
 
+WATCH_PANELS = (  # (metric, y label, title) of plot_first_steps, after its reward and accuracy panels
+    ("frac_reward_zero_std", "fraction of groups (no signal)", "frac_reward_zero_std"),
+    ("reward_std", "std of the reward (what GRPO learns from)", "reward_std"),
+    ("completions/clipped_ratio", "fraction of completions cut off", "completions/clipped_ratio"),
+)
+
+
+def plot_first_steps(runs: dict[str, list[dict]], start: dict[str, float] | None = None, *, title: str = "",
+                     window: int = 1):
+    """The metrics to watch in a run's first steps, for several runs on a 2 x 3 grid (one colour per run): the reward
+    the run optimises; accuracy, the task's grader on the training samples (solid) and on held-out problems
+    (greedy, circles; start: {label: accuracy before training} puts step 0 on it); completion length of all, right
+    and wrong answers; zero-std groups; reward std; cut-off completions. Returns the figure.
+
+    The reward and the accuracy share a panel row on purpose: a reward that rises while accuracy does not says the
+    reward pays for something else (length, form) or its checker is broken.
+    """
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    plot_curve(runs, "reward", ax=axes[0, 0], ylabel="mean reward (what the run optimises)", window=window,
+               title="reward")
+    for i, (label, metrics) in enumerate(runs.items()):
+        xs, values = _series(metrics, "accuracy")
+        axes[0, 1].plot(xs, smooth(values, window), "-", color=f"C{i}", alpha=0.6, label=f"{label}: training samples")
+        xs, values = _series(metrics, "eval/accuracy_greedy")
+        if start and label in start:
+            xs, values = [0, *xs], [start[label], *values]
+        axes[0, 1].plot(xs, values, "o--", color=f"C{i}", label=f"{label}: held-out, greedy")
+    axes[0, 1].set_ylim(*FRACTION_YLIM)
+    _label(axes[0, 1], "step", "fraction right", smoothed_title("accuracy: the task's grader", window),
+           legend_size=7)
+    plot_completion_lengths(runs, ax=axes[0, 2], window=window)
+    for ax, (key, ylabel, panel_title) in zip(axes[1], WATCH_PANELS):
+        plot_curve(runs, key, ax=ax, ylabel=ylabel, title=panel_title, window=window,
+                   ylim=FRACTION_YLIM if key != "reward_std" else None)
+    fig.suptitle(title, fontsize=13)
+    fig.tight_layout()
+    return fig
+
+
 def plot_length_drift(runs: dict[str, list[dict]], *, first: int = 5, last: int = 10, ax=None,
                       title: str | None = None):
     """Change in mean completion length between the first `first` and the last `last` logged steps of each run,
@@ -259,9 +298,10 @@ def plot_before_after(run_dirs: list[str | Path], ax) -> None:
 
 
 def plot_sampling_mismatch(runs: dict[str, list[dict]], *, axes=None):
-    """vLLM's log-probs against the trainer's, per step (engine_mismatch.py), for every run in {label: metrics}: left,
-    mean (solid) and max (dashed) |delta log p| over completion tokens on a log scale; right, the importance weight
-    applied to the loss, min (dotted), mean (solid) and max (dashed). Runs without vLLM draw nothing."""
+    """The sampler's log-probs (vLLM's, or lab/cast_engine.py's) against the trainer's, per step (engine_mismatch.py),
+    for every run in {label: metrics}: left, mean (solid) and max (dashed) |delta log p| over completion tokens on a
+    log scale (a run whose differences are all 0 is said so on the panel); right, the importance weight applied to the
+    loss, min (dotted), mean (solid) and max (dashed). Runs whose engine is the policy itself draw nothing."""
     axes = axes if axes is not None else plt.subplots(1, 2, figsize=(12, 3.8))[1]
     diff, ratio = "sampling/sampling_logp_difference", "sampling/importance_sampling_ratio"
     for colour, (label, metrics) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
@@ -270,10 +310,13 @@ def plot_sampling_mismatch(runs: dict[str, list[dict]], *, axes=None):
                 xs, values = _series(metrics, f"{key}/{stat}")
                 style = {"min": ":", "mean": "-", "max": "--"}[stat]
                 ax.plot(xs, values, style, color=colour, label=f"{label} {stat}" if xs else None)
-    if any(line.get_xdata().size for line in axes[0].get_lines()):
-        axes[0].set_yscale("log")
-    _label(axes[0], "step", "|log p_trainer - log p_vllm|", "sampler–trainer log-prob difference (completion tokens)")
-    _label(axes[1], "step", "importance weight", "vLLM importance-sampling weight on the loss")
+    if any(v > 0 for line in axes[0].get_lines() for v in line.get_ydata()):
+        axes[0].set_yscale("log")  # a run with differences of exactly 0 is then off the panel: named in the legend
+    for label, metrics in runs.items():
+        if metrics and all(m.get(f"{diff}/max") == 0 for m in metrics):
+            axes[0].plot([], [], " ", label=f"{label}: every difference exactly 0")
+    _label(axes[0], "step", "|log p_trainer - log p_sampler|", "sampler–trainer log-prob difference (completion tokens)")
+    _label(axes[1], "step", "importance weight", "the importance-sampling weight on the loss")
     return axes
 
 
