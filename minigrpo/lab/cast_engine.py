@@ -22,7 +22,7 @@ import copy
 
 import torch
 
-from ..engines import GenerateEngine
+from ..generation.engines import GenerateEngine
 from ..logprobs import completion_logprobs
 
 __all__ = ["CastEngine", "sampling_engine"]
