@@ -572,6 +572,20 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{key}: cannot read {value!r} as {getattr(base, '__name__', base)}") from None
 
 
+class FlagsConfig:
+    """What a loop's own settings dataclass (PPOConfig, RewardConfig) shares: from_flags builds it from
+    {field: value} with values as strings (command-line flags) or of the field's type, as Config's fields are
+    coerced; to_dict is what config.yaml records."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_flags(cls, values: dict):
+        hints = get_type_hints(cls)
+        return cls(**{key: coerce_value(key, value, hints[key]) for key, value in values.items()})
+
+
 def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Build a Config from an optional YAML file and a dict of overrides (e.g. parsed flags); overrides win."""
     values: dict[str, Any] = {}

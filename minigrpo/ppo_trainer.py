@@ -36,12 +36,10 @@ What this loop simplifies, on purpose:
     needs a return to regress on.
 """
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
 from statistics import fmean
-from typing import get_type_hints
 
 import torch
 from tqdm.auto import tqdm
@@ -50,7 +48,7 @@ from . import advantages
 from .advantages import group_advantages
 from .batch import PromptSampler
 from .collect import collect_batch
-from .config import Config, ConfigError, coerce_value
+from .config import Config, ConfigError, FlagsConfig
 from .generation.engine_mismatch import sampler_correction
 from .loading.models import parameter_counts, reference_policy, resolve_device
 from .logprobs import completion_logprobs
@@ -64,7 +62,7 @@ __all__ = ["PPOConfig", "train_ppo"]
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(FlagsConfig):
     """What PPO has and GRPO does not, with TRL's PPOConfig names. The defaults were chosen on think_addition.
 
     Tried briefly (30 steps, seed 0, greedy accuracy on 200 test problems at step 30, with samples that differed
@@ -112,15 +110,6 @@ class PPOConfig:
         for key in ("num_ppo_epochs", "num_mini_batches"):
             if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
                 raise ConfigError(f"{key}: must be an integer >= 1, got {getattr(self, key)!r}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_flags(cls, values: dict) -> "PPOConfig":
-        """From {field: value} with values as strings (command-line flags) or of the field's type."""
-        hints = get_type_hints(cls)
-        return cls(**{key: coerce_value(key, value, hints[key]) for key, value in values.items()})
 
 
 def _check(cfg: Config, ppo: PPOConfig) -> None:

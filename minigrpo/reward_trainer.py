@@ -31,11 +31,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_type_hints
 
 import torch
 
-from .config import Config, ConfigError, coerce_value
+from .config import Config, ConfigError, FlagsConfig
 from .generation.engines import GenerateEngine
 from .loading.models import is_lora, is_quantized, load_model, load_model_and_tokenizer, peft_wrapping, resolve_device
 from .metrics import json_line
@@ -56,7 +55,7 @@ UNSUPPORTED = {"use_vllm": False, "fsdp": "", "resume_from_checkpoint": None, "s
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(FlagsConfig):
     """What training a reward model adds to the run's Config, with TRL's RewardConfig names where it has them."""
 
     loss: str = "bradley_terry"  # minigrpo: "bradley_terry" on preference pairs, or "bce" on labelled completions
@@ -77,15 +76,6 @@ class RewardConfig:
         for key in ("num_train_epochs", "per_device_train_batch_size", "num_prompts", "eval_num_prompts"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be > 0, got {getattr(self, key)!r}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_flags(cls, values: dict) -> "RewardConfig":
-        """From {field: value} with values as strings (command-line flags) or of the field's type."""
-        hints = get_type_hints(cls)
-        return cls(**{key: coerce_value(key, value, hints[key]) for key, value in values.items()})
 
 
 # ---------------------------------------------------------------------------------------------------------
