@@ -347,7 +347,7 @@ def test_adapter_sync_keeps_vllm_on_the_policy(adapter_engines, kind, prompts, m
     """After k optimizer steps and one sync, vLLM's greedy transcripts equal the policy's decode loop's and its
     log-probs the policy's to float32 rounding; the base is never sent again (only a new adapter version, the old
     one deleted); and a stale adapter, the sync skipped on purpose, fails that same comparison."""
-    from minigrpo import rollout_vllm
+    from minigrpo.generation import rollout_vllm
 
     engine, model, tokenizer = adapter_engines(kind)
     assert engine.adapter_sync and engine.lora_request is not None
@@ -480,7 +480,7 @@ def test_sleep_mode_sleeps_after_sampling_and_wakes_weights_first(engine, adapte
     awake before the next; on waking, weights, then the policy's weights sent again after a level-2 sleep (full
     weights, TRL's workaround), then the KV cache. Adapter sync sleeps at level 1: the base comes back from CPU
     memory, never sent again; the new adapter follows."""
-    from minigrpo import rollout_vllm
+    from minigrpo.generation import rollout_vllm
 
     vllm_engine = engine if kind == "full" else adapter_engines("lora")[0]
     calls = []

@@ -1,6 +1,6 @@
 """Small helpers the notebooks share: what is installed, how many threads, and whether to run the short version.
 
-    from minigrpo.notebook import fast_mode, print_versions, set_threads
+    from minigrpo.lab.notebook import fast_mode, print_versions, set_threads
     set_threads(1)            # one torch thread, as the shipped runs were made: live runs then repeat them exactly
     print_versions()          # python, torch, transformers, peft, minigrpo (and its commit), the device in use
     FAST = fast_mode()        # True when MINIGRPO_FAST=1: notebooks shrink their runs (CI does this)
