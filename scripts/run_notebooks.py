@@ -26,7 +26,9 @@ import copy
 import os
 import re
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +49,20 @@ def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: in
     """
     notebook = nbformat.read(path, as_version=4) if notebook is None else notebook
     with kernel_environment(fast=fast, threads=threads):
-        client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(workdir or path.parent)}})
+        client = notebook_client(notebook, timeout=timeout, workdir=workdir or path.parent)
         client.execute()
     return notebook
+
+
+def notebook_client(notebook: nbformat.NotebookNode, *, timeout: int, workdir: Path) -> NotebookClient:
+    """A client for a python3 kernel that talks over IPC sockets in the temporary folder: nothing listens on a TCP port
+    (ipykernel warns about unencrypted TCP otherwise), and the socket files are removed when the kernel shuts down."""
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(workdir)}})
+    client.km = client.create_kernel_manager()
+    client.km.transport = "ipc"
+    client.km.ip = os.path.join(tempfile.gettempdir(), f"minigrpo-kernel-{uuid.uuid4().hex[:12]}")
+    return client
 
 
 @contextlib.contextmanager
@@ -137,8 +149,7 @@ class ExerciseKernel:
     """
 
     def __init__(self, *, fast: bool, timeout: int = 1800, threads: int | None = None, workdir: Path):
-        self.client = NotebookClient(nbformat.v4.new_notebook(), timeout=timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(workdir)}})
+        self.client = notebook_client(nbformat.v4.new_notebook(), timeout=timeout, workdir=workdir)
         self._kernel = contextlib.ExitStack()
         with kernel_environment(fast=fast, threads=threads):
             self._kernel.enter_context(self.client.setup_kernel())
