@@ -45,6 +45,31 @@ def test_scores_equal_trls_on_the_same_batch(reward_model_dir):
     assert rm.__name__ == "rm" and rm.learned  # TRL's name: the model id's last part
 
 
+def test_completions_of_one_prompt_share_its_tokens_with_the_same_scores(reward_model_dir):
+    """The G completions of a prompt begin with the same tokens: each distinct prefix runs once, the rest on its keys
+    and values, and the scores are the padded forward's (the model's own logits at the last non-pad token) and TRL's.
+    A text that ends in pad-token text (<pad> is token 0 here) is scored where the model scores it: at its last token
+    that is not the pad token, as TRL's right-padded batch is."""
+    from minigrpo.reward_model import sequence_scores, shared_prefix_lengths, shared_prefix_scores
+
+    rm = load_reward_model(reward_model_dir)
+    prompts = ["12+34="] * 3 + ["987+654="] * 2 + ["5+6="]  # groups of 3, 2 and 1
+    completions = ["<think></think>46", "<think>2+4=6</think>46", "<think>4+3=7,2+1=3</think>37<pad><pad>",
+                   "<think></think>1641", "<think>7+4=11</think>1", "<think>5+6=11</think>11"]
+    ids = rm.tokenizer(rm.texts(prompts, completions), add_special_tokens=False)["input_ids"]
+    # "12+34=<think>" is 7 tokens, "987+654=<think>" 9; a prompt of its own shares all but its last token.
+    assert shared_prefix_lengths(ids, prompts) == [7, 7, 7, 9, 9, len(ids[5]) - 1]
+    padded = rm.tokenizer.pad({"input_ids": ids}, padding_side="right", return_tensors="pt")
+    with torch.inference_mode():
+        shared = shared_prefix_scores(rm.model, rm.tokenizer.pad_token_id, ids, shared_prefix_lengths(ids, prompts))
+        torch.testing.assert_close(shared, rm.model(**padded).logits[:, 0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(shared, sequence_scores(rm.model, rm.tokenizer, ids), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(rm(prompts, completions)), trl_scores(rm.model, rm.tokenizer, prompts,
+                                                                                 completions), rtol=1e-6, atol=1e-6)
+    # A one-token text has no prefix to share: the padded path scores that batch.
+    assert shared_prefix_scores(rm.model, rm.tokenizer.pad_token_id, [[6], [6, 7]], [0, 1]) is None
+
+
 def test_conversational_rows_go_through_the_chat_template_as_trl_does(chat_model_dir, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
