@@ -1,4 +1,4 @@
-"""One training batch as one typed object, the prompts' seeded order, and the tools a rollout may call.
+"""One training batch as one typed object, and the prompts' seeded order.
 
 A `Batch` holds N = generation_batch_size / W completions grouped by prompt (rows i*G .. i*G+G-1 share prompt i);
 it moves to a device, selects rows and concatenates as one object (fields below). The trainer adds what it
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Batch", "ToolSetup", "PromptSampler"]
+__all__ = ["Batch", "PromptSampler"]
 
 
 @dataclass
@@ -126,35 +126,6 @@ def _pad_cat(values: list[torch.Tensor], side: str, value) -> torch.Tensor:
     width = max(v.shape[1] for v in values)
     pad = lambda v: (width - v.shape[1], 0) if side == "left" else (0, width - v.shape[1])  # noqa: E731
     return torch.cat([F.pad(v, pad(v), value=value) for v in values])
-
-
-@dataclass
-class ToolSetup:
-    """What the multi-turn rollout needs for a run with tools (tools/loop.py), made once by the trainer."""
-
-    tools: list  # plain typed functions
-    worker: object  # tools.ToolWorker running them, kept for the run
-    eos_ids: list[int]
-    max_tool_calling_iterations: int | None = None
-    tool_timeout: float = 10.0
-    max_tool_output_chars: int = 4000
-    environments: object = None  # tools.EnvironmentPool (environment_factory): one environment per completion
-
-    def sample(self, engine, rows: list[dict], *, num_generations: int, max_completion_length: int, **sampling):
-        """The multi-turn rollout of these dataset rows' prompts with these tools (tools/loop.py), each completion
-        with its own environment reset from its row when there is an environment_factory; sampling: temperature,
-        top_p, top_k, do_sample, chat_template_kwargs."""
-        from .tools import sample_with_tools
-
-        prompts, environments = [row["prompt"] for row in rows], None
-        if self.environments is not None:
-            environments, prompts = self.environments.reset_groups(rows, num_generations)
-        return sample_with_tools(engine, engine.tokenizer, prompts, tools=self.tools, environments=environments,
-                                 num_generations=num_generations,
-                                 max_completion_length=max_completion_length,
-                                 max_tool_calling_iterations=self.max_tool_calling_iterations, eos_ids=self.eos_ids,
-                                 tool_timeout=self.tool_timeout, max_tool_output_chars=self.max_tool_output_chars,
-                                 worker=self.worker, **sampling)
 
 
 class PromptSampler:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import advantages
 from .advantages import gfpo_keep, kl_penalized_rewards
-from .batch import Batch, PromptSampler, ToolSetup
+from .batch import Batch, PromptSampler
 from .errors import ConfigError
 from .generation.engines import sampling_options
 from .logprobs import completion_logprobs
@@ -25,6 +25,7 @@ from .parallel import processes
 from .prompts import completions_for_rewards
 from .rewards import combine_rewards, score_completions
 from .step_rewards import step_tensors, steps_with_outcome, token_starts
+from .tools import ToolSetup
 
 __all__ = ["collect_batch", "sample_round"]
 

@@ -439,6 +439,22 @@ class Config:
         return dict(correct=self.vllm_importance_sampling_correction, mode=self.vllm_importance_sampling_mode,
                     clip_min=self.vllm_importance_sampling_clip_min, clip_max=self.vllm_importance_sampling_clip_max)
 
+    def log_options(self) -> dict:
+        """run_log.RunLog's settings: what metrics.jsonl, completions.jsonl and report_to's loggers write."""
+        return dict(group_size=self.group_size, log_completions=self.log_completions,
+                    log_completions_groups=self.log_completions_groups, report_to=self.report_to,
+                    config=self.to_dict(), print_every=self.logging_steps)
+
+    def tool_options(self) -> dict:
+        """tools.tool_setup's limits: tool turns per completion, seconds per call, characters per answer."""
+        return dict(max_tool_calling_iterations=self.max_tool_calling_iterations, tool_timeout=self.tool_timeout,
+                    max_tool_output_chars=self.max_tool_output_chars)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Each field's default (those that have one): what a checkpoint of an older run lacks is read as this."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
     @property
     def group_size(self) -> int:
         """Completions per prompt in a training batch: num_generations, or the num_remains_in_group GFPO keeps."""

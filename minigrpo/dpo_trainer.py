@@ -21,14 +21,16 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config, ConfigError
+from .evaluate import evaluator
 from .loading.models import resolve_device
 from .logprobs import completion_logprobs
 from .parallel import processes
+from .persistence.run_log import write_config
 from .preference import dpo_loss, preference_pair
 from .prompts import encode_prompts, left_pad
 from .reward_trainer import UNSUPPORTED, epoch_batches
 from .rewards import completion_text
-from .run import evaluator, finish_run, load_run, make_optimizer, write_config
+from .run import finish_run, load_run, make_optimizer
 
 __all__ = ["DPOConfig", "train_dpo", "encode_pairs", "sequence_logprobs"]
 
@@ -91,8 +93,9 @@ def train_dpo(cfg: Config, pairs: list[dict], dpo: DPOConfig | None = None, *, p
     num_steps = max(1, round(math.ceil(len(encoded) / dpo.per_device_train_batch_size) * dpo.num_train_epochs))
     optimizer, scheduler = make_optimizer(dataclasses.replace(cfg, max_steps=num_steps),
                                           [p for p in model.parameters() if p.requires_grad])
-    write_config(run.out, cfg, algorithm="dpo", dpo=dataclasses.asdict(dpo))
-    evaluate_on = evaluator(cfg, model, tokenizer, run.task, run.max_completion_length)
+    write_config(run.out, cfg.to_dict(), algorithm="dpo", dpo=dataclasses.asdict(dpo))
+    evaluate_on = evaluator(model, tokenizer, run.task, run.max_completion_length, cfg.temperature,
+                            cfg.chat_template_kwargs)
     model.eval()
     with torch.no_grad():  # the reference is the policy before its first update: scored once, never copied
         ref_logp = torch.cat([sequence_logprobs(model, tokenizer, encoded[i:i + 64]).view(2, -1)

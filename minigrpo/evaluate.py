@@ -16,6 +16,7 @@ Two models graded on the same problems are compared with a paired test, `mcnemar
 they disagree (`evaluate(..., per_problem=True)` gives each problem's greedy result).
 """
 
+import functools
 import math
 
 import torch
@@ -37,7 +38,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _generate_all(model, tokenizer, rows, *, num_generations, batch_size, tools=None, bar=None, **sampling):
     """Completions (grouped by prompt), their lengths (the policy's tokens) and tool calls per completion, generated
-    ``batch_size`` sequences at a time; with ``tools`` (batch.ToolSetup) through the multi-turn tool loop. bar: a
+    ``batch_size`` sequences at a time; with ``tools`` (tools.ToolSetup) through the multi-turn tool loop. bar: a
     progress bar (tqdm) that counts the completions."""
     prompts_per_batch = max(1, batch_size // num_generations)
     completions, lengths, calls = [], [], []
@@ -70,7 +71,7 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
     per problem. ``batch_size`` is the number of sequences generated at once; each completion gets up to
     ``max_completion_length`` tokens (None: the task's own). Conversational prompts go through the chat template
     with ``chat_template_kwargs`` (prompts.py). ``per_problem``: also ``correct_greedy``, one bool per row, for a
-    paired comparison of two models on the same rows (``mcnemar``). ``tools`` (batch.ToolSetup): completions come
+    paired comparison of two models on the same rows (``mcnemar``). ``tools`` (tools.ToolSetup): completions come
     from the multi-turn tool loop, and ``tool_calls_greedy`` (tool calls per greedy completion) is reported too.
     ``progress``: a label ("before training"); a progress bar with an estimate of the time left is shown while the
     completions are generated (greedy, then num_samples per problem), and removed when they are done.
@@ -130,6 +131,19 @@ def mcnemar(correct_a: list[bool], correct_b: list[bool]) -> dict:
     return {"n": len(correct_a), "accuracy_a": sum(map(bool, correct_a)) / len(correct_a),
             "accuracy_b": sum(map(bool, correct_b)) / len(correct_b), "only_a": only_a, "only_b": only_b,
             "p_value": min(1.0, 2 * tail)}
+
+
+def evaluator(model, tokenizer, task, max_completion_length: int | None = None, temperature: float = 1.0,
+              chat_template_kwargs: dict | None = None, tools=None):
+    """evaluate() with one run's settings fixed: evaluate_on(rows, num_samples=0, ...) -> evaluate()'s accuracies."""
+    return functools.partial(evaluate, model, tokenizer, task, temperature=temperature,
+                             max_completion_length=max_completion_length, chat_template_kwargs=chat_template_kwargs,
+                             tools=tools)
+
+
+def eval_due(step: int, eval_steps: int, max_steps: int) -> bool:
+    """Whether this step ends with a greedy evaluation: every eval_steps steps, and the last step (0 = never)."""
+    return bool(eval_steps) and (step % eval_steps == 0 or step == max_steps)
 
 
 def evaluate_on_main(policy, evaluate_on, rows: list[dict], num_samples: int = 0, label: str | None = None):

@@ -49,14 +49,16 @@ from .advantages import group_advantages
 from .batch import PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError, FlagsConfig
+from .evaluate import eval_due, evaluator
 from .generation.engine_mismatch import sampler_correction
 from .loading.models import parameter_counts, reference_policy, resolve_device
 from .logprobs import completion_logprobs
 from .metrics import gather_batch, step_metrics
 from .parallel import processes
+from .persistence.run_log import RunLog, write_config
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
-from .rewards import RewardError
-from .run import eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log, write_config
+from .rewards import RewardError, reward_names
+from .run import finish_run, load_run, make_engine, make_optimizer
 
 __all__ = ["PPOConfig", "train_ppo"]
 
@@ -155,9 +157,9 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         {"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.learning_rate},
         {"params": [p for p in value_model.parameters() if p.requires_grad], "lr": critic_lr}])
     sampler = PromptSampler(run.train_rows, cfg.seed)
-    write_config(run.out, cfg, algorithm="ppo", ppo=ppo.to_dict())
-    log = open_log(cfg, run.out, run.reward_funcs)
-    evaluate_on = evaluator(cfg, model, tokenizer, task, max_len)  # evaluate_on(rows, num_samples=0) -> accuracies
+    write_config(run.out, cfg.to_dict(), algorithm="ppo", ppo=ppo.to_dict())
+    log = RunLog(run.out, reward_names(run.reward_funcs), **cfg.log_options())
+    evaluate_on = evaluator(model, tokenizer, task, max_len, cfg.temperature, cfg.chat_template_kwargs)
     on_policy = ppo.num_ppo_epochs == 1 and ppo.num_mini_batches == 1  # the ratio is 1: no old_logp forward
 
     before = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
@@ -208,7 +210,7 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
                    step_seconds=step_seconds, generate_seconds=t_generate,
                    tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats)
-        if eval_due(cfg, step):
+        if eval_due(step, cfg.eval_steps, cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         log.log(step, row, batch, correct)
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")

@@ -39,10 +39,11 @@ from .generation.engines import GenerateEngine
 from .loading.models import is_lora, is_quantized, load_model, load_model_and_tokenizer, peft_wrapping, resolve_device
 from .metrics import json_line
 from .parallel import processes
+from .persistence.run_log import write_config
 from .preference import bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc
 from .prompts import completions_for_rewards
 from .reward_model import RewardModel, reward_texts, sequence_scores
-from .run import claim_output_dir, load_policy, make_optimizer, policy_path, write_config
+from .run import claim_output_dir, load_policy, make_optimizer, policy_path
 from .tasks import get_task
 from .tasks.sources import read_dataset
 
@@ -229,7 +230,7 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     optimizer, scheduler = make_optimizer(dataclasses.replace(cfg, max_steps=num_steps),
                                           [p for p in model.parameters() if p.requires_grad])
     judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
-    write_config(out, cfg, algorithm="reward_model", reward=reward_cfg.to_dict())
+    write_config(out, cfg.to_dict(), algorithm="reward_model", reward=reward_cfg.to_dict())
     (out / "metrics.jsonl").write_text("")
     log, t_start = [], time.perf_counter()
     for step, rows in enumerate(epoch_batches(len(examples), batch_size, num_steps, cfg.seed), start=1):

@@ -1,17 +1,24 @@
-"""A run's set-up and wrap-up, shared by the three trainers (trainer.py, ppo_trainer.py, sft.py): which model,
-which rows and reward functions, the optimizer and its schedule, the rollout engine, a fresh start or a resume, how
-to evaluate, the sampler's log-probs against ours, and what is written at the end. Like the trainers, these read
-the Config; what they call (models.py, engines.py, checkpoint.py, ...) takes values.
+"""A run's set-up from its Config, and its wrap-up, shared by the trainers (trainer.py, ppo_trainer.py, sft.py,
+dpo_trainer.py, reward_trainer.py): which model, which rows and reward functions, the output folder, the optimizer
+and its schedule, the engine that samples, and what is written at the end. Like the trainers, these read the
+Config; what they call takes values.
 
     device = ...                          (trainer: joins the process group first)
     check the settings                    (each trainer its own: what it cannot honour is a one-line error)
     run = load_run(cfg, device, ...)      seeded; the task, the policy, its rows and rewards, the output folder
     ... the trainer's own loop ...
     finish_run(...)                       save the policy, summary.json, plots/
+
+What the loop does with them sits in the room of its job, one call away:
+
+    persistence/checkpoint.py   start_or_resume, save_step_checkpoint (--resume, save_steps)
+    persistence/run_log.py      RunLog (metrics.jsonl, completions.jsonl), write_config (config.yaml)
+    evaluate.py                 evaluator (evaluate() with the run's settings), eval_due
+    tools/setup.py              tool_setup: the run's tools, a worker, their limits
+    generation/engine_mismatch.py   sampler_correction: the sampler's log-probs against ours
 """
 
 import dataclasses
-import functools
 import json
 import os
 import random
@@ -20,12 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
-from tqdm.auto import tqdm
 
-from .batch import ToolSetup
 from .config import Config, ConfigError
-from .evaluate import evaluate
 from .generation.engines import GenerateEngine, RolloutEngine
 from .judge import LLMJudge
 from .loading.models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
@@ -35,22 +38,16 @@ from .metrics import finite_or_none
 from .mixed_precision import autocast_dtype, grad_scaler
 from .parallel import processes
 from .parallel.processes import say
-from .persistence.checkpoint import (RESUMABLE_CHANGES, latest_checkpoint, list_checkpoints, load_checkpoint, process_state,
-                         save_checkpoint, truncate_metrics)
-from .persistence.run_log import RunLog
 from .prompts import encode_prompts
 from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
-from .rewards import build_reward_funcs, reward_func_name, reward_names
-from .rollout import eos_token_ids
+from .rewards import build_reward_funcs, reward_func_name
 from .sandbox.user_code import callable_name
 from .tasks import Task, get_task
 from .tasks.sources import dataset_rows, describe_rows, hold_out, read_dataset
-from .tools import EnvironmentPool, ToolWorker, environment_tools, load_tools, tool_schemas
 
-__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "start_or_resume", "write_config", "open_log",
-           "policy_path", "prepare_task", "resolve_reward_funcs", "make_optimizer", "lr_lambda", "evaluator",
-           "eval_due", "run_summary", "finish_run", "tool_setup", "claim_output_dir", "record_inputs", "run_rows",
-           "checkpoint_due", "save_step_checkpoint", "RUN_FILES"]
+__all__ = ["RunSetup", "load_run", "load_policy", "make_engine", "policy_path", "prepare_task", "resolve_reward_funcs",
+           "make_optimizer", "lr_lambda", "run_summary", "finish_run", "claim_output_dir", "record_inputs", "run_rows",
+           "RUN_FILES"]
 
 
 @dataclass
@@ -199,10 +196,6 @@ def run_rows(cfg: Config, task: Task, train_rows: list[dict] | None = None, eval
     return train_rows, task.load(cfg.dataset_test_split, cfg.dataset_name, cfg.dataset_config)
 
 
-def write_config(out: Path, cfg: Config, **extra) -> None:
-    """output_dir/config.yaml: the Config's fields (then `extra`, which may override one), in field order."""
-    (out / "config.yaml").write_text(yaml.safe_dump({**cfg.to_dict(), **extra}, sort_keys=False))
-
 
 def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, num_labels: int | None = None, *,
                 model=None, tokenizer=None):
@@ -256,12 +249,16 @@ def given_policy(cfg, model, tokenizer, device: torch.device):
     return model, load_tokenizer(model.name_or_path) if tokenizer is None else prepare_tokenizer(tokenizer)
 
 
-def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completion_length: int | None = None
-                ) -> RolloutEngine:
-    """The engine the config asks for: vLLM with `use_vllm`, else the policy's own decode loop.
+def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completion_length: int | None = None, *,
+                factory=None) -> RolloutEngine:
+    """The engine that samples: factory(model, tokenizer) when given (train's engine_factory: your own engine,
+    e.g. lab/cast_engine.py's CastEngine), else the one the config asks for: vLLM with `use_vllm`, else the
+    policy's own decode loop.
 
     prompts, max_completion_length: the run's training prompts and completion budget; vLLM sizes its context
     (max_model_len) and KV cache to the longest prompt plus the completion (else to the model's context)."""
+    if factory is not None:
+        return factory(model, tokenizer)
     if cfg.use_vllm:
         from .generation.rollout_vllm import VLLMEngine  # imports vllm itself, with a clear error when it is missing
 
@@ -274,23 +271,6 @@ def make_engine(cfg, model, tokenizer, prompts: list | None = None, max_completi
                           gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
     return GenerateEngine(model, tokenizer, cfg.chat_template_kwargs)
 
-
-def start_or_resume(cfg, out: Path, **training_objects) -> tuple[int, dict]:
-    """(step to start after, what the loop carries between steps): (0, fresh) or, with --resume, the newest
-    checkpoint restored into model, optimizer, scheduler, fp16's loss scaler, RNGs, sampler and reward functions,
-    and the run's metrics.jsonl and completions.jsonl cut back to its step. (A fresh run never starts in a used
-    folder: claim_output_dir.)"""
-    if cfg.resume_from_checkpoint:
-        ckpt = latest_checkpoint(cfg.resume_from_checkpoint)
-        defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
-        start_step, run_state = load_checkpoint(ckpt, **training_objects, config=cfg.to_dict(),
-                                                rank=processes.rank(), world_size=processes.world_size(),
-                                                config_defaults=defaults)
-        if processes.is_main():
-            for name in ("metrics.jsonl", "completions.jsonl"):
-                truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
-        return start_step, run_state
-    return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
 
 
 def run_summary(cfg, task, model_name, *, before: dict, after: dict, num_test_problems: int, wall_seconds: float,
@@ -310,12 +290,6 @@ def run_summary(cfg, task, model_name, *, before: dict, after: dict, num_test_pr
         **extra,
     })
 
-
-def open_log(cfg: Config, out: Path, reward_funcs: list, *, resume_step: int = 0, enabled: bool = True) -> RunLog:
-    """The run's metrics.jsonl and completions.jsonl (and report_to's loggers), as the Config asks."""
-    return RunLog(out, reward_names(reward_funcs), group_size=cfg.group_size, log_completions=cfg.log_completions,
-                  log_completions_groups=cfg.log_completions_groups, report_to=cfg.report_to, config=cfg.to_dict(),
-                  resume_step=resume_step, enabled=enabled, print_every=cfg.logging_steps)
 
 
 def policy_path(cfg: Config, task: Task):
@@ -410,61 +384,9 @@ def make_optimizer(cfg: Config, params) -> tuple[torch.optim.Optimizer, torch.op
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
 
-def evaluator(cfg: Config, model, tokenizer, task: Task, max_completion_length: int, tools=None):
-    """evaluate() with this run's settings: its sampling temperature, completion budget, chat template and tools."""
-    return functools.partial(evaluate, model, tokenizer, task, temperature=cfg.temperature,
-                             max_completion_length=max_completion_length, chat_template_kwargs=cfg.chat_template_kwargs,
-                             tools=tools)
 
 
-def checkpoint_due(cfg: Config, step: int) -> bool:
-    """Whether this step ends with a checkpoint: every save_steps steps (0 = never)."""
-    return bool(cfg.save_steps) and step % cfg.save_steps == 0
 
-
-def save_step_checkpoint(cfg: Config, out: Path, step: int, *, model, policy, sampler, reward_funcs, run_state: dict,
-                         bar=None, **training_objects) -> None:
-    """Step 7 of the loop: a checkpoint of everything the run needs to continue exactly (checkpoint.py), each
-    process's RNGs gathered to rank 0; with FSDP2 every process writes its own shards. bar: the loop's progress
-    bar, which says a checkpoint is being written and how large it is. training_objects: optimizer, scheduler,
-    ref_model (a reference that moves, or None)."""
-    states = processes.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
-    sharded = processes.is_sharded(policy)  # FSDP2: every process writes its own shards
-    if not (processes.is_main() or sharded):
-        return
-    if bar is not None:
-        weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        bar.set_postfix_str(f"writing checkpoint {step} (~{3 * weights / 2**20:,.0f} MiB: weights + AdamW)")
-    save_checkpoint(out / "checkpoints", step, model=model, sampler=sampler, reward_funcs=reward_funcs,
-                    config=cfg.to_dict(), progress=run_state, keep=cfg.save_total_limit, process_states=states,
-                    sharded=sharded, **training_objects)
-    if bar is not None:
-        bar.set_postfix_str(f"checkpoint {step} written")
-
-
-def eval_due(cfg: Config, step: int) -> bool:
-    """Whether this step ends with a greedy evaluation: every eval_steps steps, and the last step (0 = never)."""
-    return bool(cfg.eval_steps) and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
-
-
-def tool_setup(cfg: Config, task: Task, tools: list | None, model, tokenizer,
-               environment_factory=None) -> ToolSetup | None:
-    """The run's tools (train's `tools=`, else cfg.tools, else the task's own) with a worker to run them, and the
-    environments environment_factory makes (one per completion, tools/environment.py), or None for neither.
-    A function without a usable schema (type hints, a docstring) is a one-line error here, before any step."""
-    if tools is None:
-        tools = load_tools(cfg.tools) if cfg.tools else getattr(task, "tools", None)
-    if not tools and environment_factory is None:
-        return None
-    tools = list(tools or [])
-    environments = EnvironmentPool(environment_factory) if environment_factory is not None else None
-    tool_schemas(tools + ([] if environments is None else list(environment_tools(environments.example).values())))
-    worker = ToolWorker({tool.__name__: tool for tool in tools}, max_output_chars=cfg.max_tool_output_chars)
-    max_iterations = cfg.max_tool_calling_iterations
-    if max_iterations is None:  # the task's own limit, if it has one
-        max_iterations = getattr(task, "max_tool_calling_iterations", None)
-    return ToolSetup(tools, worker, eos_token_ids(model, tokenizer), max_iterations, cfg.tool_timeout,
-                     cfg.max_tool_output_chars, environments)
 
 
 def finish_run(cfg: Config, task: Task, model, tokenizer, out: Path, *, before: dict, after: dict,

@@ -24,10 +24,12 @@ from collections.abc import Callable
 import torch
 
 from .config import Config, ConfigError
+from .evaluate import evaluator
 from .loading.models import resolve_device
 from .mixed_precision import optimizer_step, scaled_backward
 from .parallel import processes
-from .run import evaluator, finish_run, load_run, make_optimizer, write_config
+from .persistence.run_log import write_config
+from .run import finish_run, load_run, make_optimizer
 from .tasks import Task, get_task
 
 __all__ = ["collate_sft", "sft_batch", "train_sft"]
@@ -109,9 +111,10 @@ def train_sft(cfg: Config, *, batch_size: int = 128, max_seconds: float | None =
     rng = random.Random(cfg.seed)  # the problems' stream
     exclude = {row["prompt"] for row in task.load("test")}  # never train on a test problem
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
-    write_config(run.out, cfg, algorithm="sft", sft=dict(batch_size=batch_size, max_seconds=max_seconds,
+    write_config(run.out, cfg.to_dict(), algorithm="sft", sft=dict(batch_size=batch_size, max_seconds=max_seconds,
                  target_completion=getattr(target_completion, "__name__", repr(target_completion))))
-    evaluate_on = evaluator(cfg, model, tokenizer, task, run.max_completion_length)  # evaluate_on(rows) -> accuracies
+    evaluate_on = evaluator(model, tokenizer, task, run.max_completion_length, cfg.temperature,
+                            cfg.chat_template_kwargs)  # evaluate_on(rows) -> accuracies
 
     before = evaluate_on(run.test_rows)
     wall_seconds, step = 0.0, 0

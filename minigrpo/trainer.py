@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from .batch import Batch, PromptSampler
 from .collect import collect_batch
 from .config import Config, ConfigError
-from .evaluate import evaluate_on_main
+from .evaluate import eval_due, evaluate_on_main, evaluator
 from .generation.engine_mismatch import sampler_correction
 from .kl import sequence_kl
 from .loading.models import reference_policy, refresh_reference, resolve_device
@@ -55,15 +55,19 @@ from .metrics import gather_batch, gather_stats, step_metrics
 from .mixed_precision import optimizer_step, scaled_backward
 from .objectives import policy_loss
 from .parallel import processes
-from .run import (checkpoint_due, eval_due, evaluator, finish_run, load_run, make_engine, make_optimizer, open_log,
-                  record_inputs, save_step_checkpoint, start_or_resume, tool_setup, write_config)
+from .persistence.checkpoint import checkpoint_due, save_step_checkpoint, start_or_resume
+from .persistence.run_log import RunLog, write_config
+from .rewards import reward_names
+from .run import finish_run, load_run, make_engine, make_optimizer, record_inputs
 from .sandbox.isolation import take_failed_count
+from .tools import tool_setup
 
 __all__ = ["train", "prepare_update", "grpo_update"]
 
 
 def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None = None, environment_factory=None,
-          progress: bool = True, model=None, processing_class=None, train_dataset=None, eval_dataset=None) -> dict:
+          progress: bool = True, model=None, processing_class=None, train_dataset=None, eval_dataset=None,
+          engine_factory=None) -> dict:
     """Train, evaluate before and after, write output_dir/{config.yaml, metrics.jsonl, completions.jsonl,
     summary.json, plots/}. A folder holding another run is refused (run.claim_output_dir).
 
@@ -77,6 +81,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     train_dataset, eval_dataset: a datasets.Dataset or a list of row dicts, instead of cfg.dataset_name's rows;
     without eval_dataset the last tenth of train_dataset is held out for evaluation (as for a single file).
     What was handed over is named in the config.yaml the run writes (run.record_inputs).
+    engine_factory: a function (model, tokenizer) -> an engine that samples (generation/engines.py's interface),
+    used instead of the one the Config asks for: e.g. lab/cast_engine.py's CastEngine, a sampler in bfloat16.
     progress: a progress bar for every long wait, and a line for each result as soon as it is known.
     Under `accelerate launch` / `torchrun` with W processes, each one trains on 1/W of every batch
     (parallel/); rank 0 alone evaluates and writes, and every rank returns the summary.
@@ -91,20 +97,21 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     # Every log-prob of the loss goes through policy: LogprobForward(model) alone, DDP's / FSDP2's when W > 1.
     policy, ref_policy = processes.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
                                         compute_dtype=run.compute_dtype)
-    tools = tool_setup(cfg, task, tools, model, tokenizer, environment_factory)  # None: single-turn completions
+    # The tools (train's, else cfg.tools, else the task's) with a worker to run them; None: single-turn completions
+    tools = tool_setup(tools or cfg.tools, task, model, tokenizer, environment_factory, **cfg.tool_options())
     reward_funcs, weights = with_environment_reward(run.reward_funcs, run.reward_weights, tools)
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
     sampler = PromptSampler(run.train_rows, cfg.seed, processes.rank(), processes.world_size())
-    moving_ref = ref_model if cfg.sync_ref_model else None  # a reference that changes is part of the run's state
-    start_step, run_state = start_or_resume(cfg, out, model=model, optimizer=optimizer, scheduler=scheduler,
-                                            sampler=sampler, reward_funcs=reward_funcs, ref_model=moving_ref,
-                                            scaler=run.scaler)
-    # The policy's own decode loop, or vLLM (use_vllm), made after the resume so that it copies the restored weights.
-    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len)
+    run_objects = dict(model=model, optimizer=optimizer, scheduler=scheduler, sampler=sampler,  # what a checkpoint holds
+                       reward_funcs=reward_funcs, ref_model=ref_model if cfg.sync_ref_model else None, scaler=run.scaler)
+    start_step, run_state = start_or_resume(cfg.resume_from_checkpoint, out, cfg.to_dict(), cfg.defaults(), **run_objects)
+    # The policy's own decode loop, vLLM (use_vllm) or engine_factory's, made after the resume: it copies the weights.
+    engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len, factory=engine_factory)
     if processes.is_main():  # one process writes the run directory
-        write_config(out, cfg, resume_from_checkpoint=None)  # resuming is an action, not a setting
-    log = open_log(cfg, out, reward_funcs, resume_step=start_step, enabled=processes.is_main())
-    evaluate_on = evaluator(cfg, model, tokenizer, task, max_len, tools)  # evaluate_on(rows, num_samples=0) -> accuracies
+        write_config(out, cfg.to_dict(), resume_from_checkpoint=None)  # resuming is an action, not a setting
+    log = RunLog(out, reward_names(reward_funcs), resume_step=start_step, enabled=processes.is_main(),
+                 **cfg.log_options())  # metrics.jsonl, completions.jsonl (rank 0)
+    evaluate_on = evaluator(model, tokenizer, task, max_len, cfg.temperature, cfg.chat_template_kwargs, tools)
     take_failed_count()  # verifier failures are counted from this run's first step
     if run_state["before"] is None:  # printed as soon as it is known; a resumed run carries it in its checkpoint
         run_state["before"] = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
@@ -139,7 +146,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
         row, correct = step_row(step, batch, task, step_stats, log, sampling_stats, learning_rate=learning_rate,
                                 step_seconds=step_seconds, generate_seconds=t_generate)
-        if eval_due(cfg, step):
+        if eval_due(step, cfg.eval_steps, cfg.max_steps):
             bar.set_postfix_str(f"evaluating on {min(cfg.eval_num_problems, len(run.test_rows))} problems")
             result = evaluate_on_main(policy, evaluate_on, run.test_rows[: cfg.eval_num_problems])
             row.update({"eval/accuracy_greedy": result["accuracy_greedy"]} if result else {})
@@ -147,10 +154,9 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
             log.log(step, row, batch, correct)  # rank 0's rows come first in the gathered batch
             bar.set_postfix(reward=f"{row['reward']:.2f}", len=f"{row['completions/mean_length']:.1f}")
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
-        if checkpoint_due(cfg, step):
-            save_step_checkpoint(cfg, out, step, model=model, policy=policy, sampler=sampler, reward_funcs=reward_funcs,
-                                 run_state=run_state, bar=bar, optimizer=optimizer, scheduler=scheduler,
-                                 ref_model=moving_ref, scaler=run.scaler)
+        if checkpoint_due(step, cfg.save_steps):
+            save_step_checkpoint(out, step, config=cfg.to_dict(), keep=cfg.save_total_limit, policy=policy,
+                                 run_state=run_state, bar=bar, **run_objects)
     summary = wrap_up(cfg, run, policy, log, tools, evaluate_on, run_state, device=device, start_step=start_step,
                       progress=progress)
     del policy, ref_policy  # DDP's reducer must go before its process group does

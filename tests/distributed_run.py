@@ -92,7 +92,6 @@ if __name__ == "__main__":
     extra = dict(arg.split("=", 1) for arg in sys.argv[3:])
     if "plant_overflow_step" in extra:
         plant_overflow(int(extra.pop("plant_overflow_step")))
-    minigrpo.trainer.make_engine = lambda cfg, model, tokenizer, *args: ScriptedEngine(tokenizer)
     made = []  # the run's (optimizer, scheduler), kept to count what this process holds at the end
     head_calls = []
     head_logprobs = minigrpo.logprobs.head_logprobs
@@ -103,6 +102,7 @@ if __name__ == "__main__":
                                  generation_batch_size=16, learning_rate=1e-3, eval_steps=0, eval_limit=8,
                                  eval_num_samples=1, save_model=True, **extra))
     reward = digit_steps if cfg.advantage_estimator == "process" else place_and_length
-    minigrpo.trainer.train(cfg, reward_funcs=[reward], progress=False)
+    minigrpo.trainer.train(cfg, reward_funcs=[reward], progress=False,
+                           engine_factory=lambda model, tokenizer: ScriptedEngine(tokenizer))
     held = {**held_elements(made[0][0]), "head_calls": len(head_calls)}
     (Path(out) / f"shard-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(held))

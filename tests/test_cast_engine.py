@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minigrpo.config import Config
-from minigrpo.lab.cast_engine import CastEngine, sampling_engine
+from minigrpo.lab.cast_engine import CastEngine
 from minigrpo.lab.plots import load_metrics
 from minigrpo.trainer import train
 
@@ -16,8 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def run(tmp_path, dtype):
     cfg = Config(task="think_addition", max_steps=2, generation_batch_size=8, num_generations=4, eval_steps=0,
                  eval_limit=2, eval_num_samples=0, save_model=False, output_dir=str(tmp_path / str(dtype)))
-    with sampling_engine(lambda model, tokenizer: CastEngine(model, tokenizer, dtype)):
-        train(cfg, progress=False)
+    train(cfg, progress=False, engine_factory=lambda model, tokenizer: CastEngine(model, tokenizer, dtype))
     return load_metrics(cfg.output_dir)
 
 
@@ -29,12 +28,3 @@ def test_a_float32_copy_is_the_policy_and_a_bfloat16_one_is_not(tmp_path):
     for m in bf16:  # bfloat16 keeps 8 bits of mantissa: the log-probs differ, by a little
         assert 0 < m["sampling/sampling_logp_difference/mean"] < 0.05
         assert m["sampling/importance_sampling_ratio/min"] < 1 < m["sampling/importance_sampling_ratio/max"]
-
-
-def test_the_trainer_engine_is_put_back(tmp_path):
-    from minigrpo import trainer
-
-    before = trainer.make_engine
-    with pytest.raises(RuntimeError), sampling_engine(lambda model, tokenizer: None):
-        raise RuntimeError
-    assert trainer.make_engine is before

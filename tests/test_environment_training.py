@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-import minigrpo.trainer as trainer
 from minigrpo.config import ConfigError
 from minigrpo.trainer import train
 
@@ -38,8 +37,7 @@ class Adder:
         return float(self.calls > 0)
 
 
-def test_environments_give_tools_and_a_reward(tmp_path, chat_model_dir, monkeypatch):
-    monkeypatch.setattr(trainer, "make_engine", lambda cfg, model, tokenizer, *a, **k: FirstTurnCalls(model, tokenizer))
+def test_environments_give_tools_and_a_reward(tmp_path, chat_model_dir):
     seen = []
 
     def reads_environments(prompts, completions, environments, **row):
@@ -48,7 +46,7 @@ def test_environments_give_tools_and_a_reward(tmp_path, chat_model_dir, monkeypa
 
     Adder.resets = 0
     train(config(tmp_path, chat_model_dir), tools=[], environment_factory=Adder, reward_funcs=[reads_environments],
-          progress=False)
+          engine_factory=FirstTurnCalls, progress=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert Adder.resets >= 2 * 8  # a reset for each completion of each step (and for evaluation)
     for line, calls in zip(lines, seen):

@@ -10,14 +10,13 @@ treats it as it treats vLLM: `sampling/*` in metrics.jsonl and TRL's importance-
 (`vllm_importance_sampling_correction`). With dtype=torch.float32 it is the control: the copy is the policy, and
 every difference is exactly 0.
 
-    with sampling_engine(lambda model, tokenizer: CastEngine(model, tokenizer, torch.bfloat16)):
-        train(cfg)  # samples in bfloat16, trains in float32
+    train(cfg, engine_factory=lambda model, tokenizer: CastEngine(model, tokenizer, torch.bfloat16))
+    # samples in bfloat16, trains in float32: train's engine_factory replaces the engine the Config asks for
 
 The sampler's log-probs are the copy's teacher-forced forward over the sampled tokens, not the decode loop's own
 logits (the same model and precision; the KV cache's rounding differs slightly).
 """
 
-import contextlib
 import copy
 
 import torch
@@ -25,7 +24,7 @@ import torch
 from ..generation.engines import GenerateEngine
 from ..logprobs import completion_logprobs
 
-__all__ = ["CastEngine", "sampling_engine"]
+__all__ = ["CastEngine"]
 
 
 class CastEngine(GenerateEngine):
@@ -46,17 +45,3 @@ class CastEngine(GenerateEngine):
 
     def sync_weights(self) -> None:
         self.model.load_state_dict(self.policy.state_dict())  # each tensor cast to the copy's dtype
-
-
-@contextlib.contextmanager
-def sampling_engine(make_engine):
-    """While inside, train() samples with `make_engine(model, tokenizer)` instead of the engine its Config asks for
-    (run.make_engine): the trainer's loop, logging and correction unchanged."""
-    from .. import trainer
-
-    saved = trainer.make_engine
-    trainer.make_engine = lambda cfg, model, tokenizer, *args, **kwargs: make_engine(model, tokenizer)
-    try:
-        yield
-    finally:
-        trainer.make_engine = saved

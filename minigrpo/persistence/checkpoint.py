@@ -2,6 +2,9 @@
 
     RUN/checkpoints/step-000040.pt     written every `save_steps` steps, the newest `save_total_limit` kept
 
+    start_or_resume(...)               a run's start: step 0, or the newest checkpoint restored (--resume)
+    save_step_checkpoint(...)          the loop's step 7, when checkpoint_due(step, save_steps)
+
 A checkpoint holds the trainable weights (the whole model in full fine-tuning, only the adapter with LoRA:
 frozen weights are reloaded from `model_name_or_path`), the optimizer and LR-scheduler states, fp16's loss scale
 (mixed_precision.py: the scale and its count of steps since the last overflow), the torch and
@@ -45,7 +48,8 @@ from ..errors import MinigrpoError
 from ..parallel import processes
 
 __all__ = ["save_checkpoint", "load_checkpoint", "process_state", "latest_checkpoint", "list_checkpoints",
-           "truncate_metrics", "CheckpointError", "RESUMABLE_CHANGES"]
+           "truncate_metrics", "CheckpointError", "RESUMABLE_CHANGES", "start_or_resume", "checkpoint_due",
+           "save_step_checkpoint"]
 
 CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")  # a file, or a folder of shards
 # Config keys that may differ between the interrupted run and its resumption: they do not change what is
@@ -312,3 +316,46 @@ def stopped_line(out: Path, resume: str, config: dict | None = None) -> str:
 def same_run(written: dict, config: dict) -> bool:
     """Whether a config.yaml (written) is this config's, ignoring what may change between a run and its resumption."""
     return all(written.get(k) == v for k, v in config.items() if k not in RESUMABLE_CHANGES)
+
+
+def start_or_resume(resume_from_checkpoint: str | os.PathLike | None, out: Path, config: dict,
+                    config_defaults: dict | None = None, **training_objects) -> tuple[int, dict]:
+    """(step to start after, what the loop carries between steps): (0, fresh), or with resume_from_checkpoint (a run
+    directory or one checkpoint) its newest checkpoint restored into the training objects (model, optimizer,
+    scheduler, fp16's loss scaler, sampler, reward functions, ref_model) and this process's RNGs, and the run's
+    metrics.jsonl and completions.jsonl cut back to its step (copied into `out` when the run resumes elsewhere).
+    config: this run's settings, checked against the checkpoint's (RESUMABLE_CHANGES may differ); config_defaults:
+    the defaults of keys the checkpoint's run did not have yet."""
+    if not resume_from_checkpoint:
+        return 0, {"wall_seconds": 0.0, "before": None}  # "before": the evaluation before step 1
+    ckpt = latest_checkpoint(resume_from_checkpoint)
+    start_step, run_state = load_checkpoint(ckpt, **training_objects, config=config, rank=processes.rank(),
+                                            world_size=processes.world_size(), config_defaults=config_defaults)
+    if processes.is_main():
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            truncate_metrics(ckpt.parent.parent / name, start_step, copy_to=out / name)
+    return start_step, run_state
+
+
+def checkpoint_due(step: int, save_steps: int) -> bool:
+    """Whether this step ends with a checkpoint: every save_steps steps (0 = never)."""
+    return bool(save_steps) and step % save_steps == 0
+
+
+def save_step_checkpoint(out: Path, step: int, *, config: dict, keep: int | None, model, policy, sampler,
+                         reward_funcs, run_state: dict, bar=None, **training_objects) -> None:
+    """A checkpoint of everything the run needs to continue exactly, in out/checkpoints (the newest `keep`
+    kept), each process's RNGs gathered to rank 0; with FSDP2 (policy sharded) every process writes its own
+    shards. bar: the loop's progress bar, which says a checkpoint is being written and how large it is.
+    training_objects: optimizer, scheduler, scaler, ref_model (a reference that moves, or None)."""
+    states = processes.gather_objects(process_state(sampler, reward_funcs))  # each rank's RNGs
+    sharded = processes.is_sharded(policy)  # FSDP2: every process writes its own shards
+    if not (processes.is_main() or sharded):
+        return
+    if bar is not None:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        bar.set_postfix_str(f"writing checkpoint {step} (~{3 * weights / 2**20:,.0f} MiB: weights + AdamW)")
+    save_checkpoint(out / "checkpoints", step, model=model, sampler=sampler, reward_funcs=reward_funcs, config=config,
+                    progress=run_state, keep=keep, process_states=states, sharded=sharded, **training_objects)
+    if bar is not None:
+        bar.set_postfix_str(f"checkpoint {step} written")

@@ -1,6 +1,7 @@
 """Where a run's numbers and samples go as it trains: metrics.jsonl, completions.jsonl, and optionally
 TensorBoard or Weights & Biases (`report_to`, TRL's name; off by default).
 
+    output_dir/config.yaml         the settings the run ran with (write_config), written at its start
     output_dir/metrics.jsonl       one JSON line per step (metrics.py names them)
     output_dir/completions.jsonl   one JSON line per logged group: the first `log_completions_groups` prompts of
                                    each step, every completion of their group with its reward from every reward
@@ -16,14 +17,20 @@ import json
 import os
 from pathlib import Path
 
+import yaml
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError
 from ..metrics import finite_or_none, json_line
 
-__all__ = ["RunLog", "completion_records", "REPORT_TO", "step_line"]
+__all__ = ["RunLog", "completion_records", "REPORT_TO", "step_line", "write_config"]
 
 REPORT_TO = ("tensorboard", "wandb")
+
+
+def write_config(out: Path, config: dict, **extra) -> None:
+    """out/config.yaml: the run's settings (a Config's to_dict()), then `extra`, which may override one, in order."""
+    (out / "config.yaml").write_text(yaml.safe_dump({**config, **extra}, sort_keys=False))
 
 
 def completion_records(step: int, batch, reward_names: list[str], correct: list[bool], num_groups: int,
