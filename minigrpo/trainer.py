@@ -97,14 +97,14 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     # Every log-prob of the loss goes through policy: LogprobForward(model) alone, DDP's / FSDP2's when W > 1.
     policy, ref_policy = processes.wrap(model, ref_model, fsdp=cfg.fsdp, fsdp_config=cfg.fsdp_config,
                                         compute_dtype=run.compute_dtype)
-    # The tools (train's, else cfg.tools, else the task's) with a worker to run them; None: single-turn completions
-    tools = tool_setup(tools or cfg.tools, task, model, tokenizer, environment_factory, **cfg.tool_options())
+    tools = tool_setup(cfg.tools if tools is None else tools, task, model, tokenizer, environment_factory,
+                       **cfg.tool_options())  # train's tools, else cfg.tools, else the task's; None: single-turn
     reward_funcs, weights = with_environment_reward(run.reward_funcs, run.reward_weights, tools)
     optimizer, scheduler = make_optimizer(cfg, model.parameters())
     sampler = PromptSampler(run.train_rows, cfg.seed, processes.rank(), processes.world_size())
-    run_objects = dict(model=model, optimizer=optimizer, scheduler=scheduler, sampler=sampler,  # what a checkpoint holds
-                       reward_funcs=reward_funcs, ref_model=ref_model if cfg.sync_ref_model else None, scaler=run.scaler)
-    start_step, run_state = start_or_resume(cfg.resume_from_checkpoint, out, cfg.to_dict(), cfg.defaults(), **run_objects)
+    saved = dict(model=model, optimizer=optimizer, scheduler=scheduler, sampler=sampler, scaler=run.scaler,  # what a
+                 reward_funcs=reward_funcs, ref_model=ref_model if cfg.sync_ref_model else None)  # checkpoint holds
+    start_step, run_state = start_or_resume(cfg.resume_from_checkpoint, out, cfg.to_dict(), cfg.defaults(), **saved)
     # The policy's own decode loop, vLLM (use_vllm) or engine_factory's, made after the resume: it copies the weights.
     engine = make_engine(cfg, model, tokenizer, [r["prompt"] for r in run.train_rows], max_len, factory=engine_factory)
     if processes.is_main():  # one process writes the run directory
@@ -156,7 +156,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 7. Checkpoint, after the metrics line of the same step (so a resumed run never lacks a line).
         if checkpoint_due(step, cfg.save_steps):
             save_step_checkpoint(out, step, config=cfg.to_dict(), keep=cfg.save_total_limit, policy=policy,
-                                 run_state=run_state, bar=bar, **run_objects)
+                                 run_state=run_state, bar=bar, **saved)
     summary = wrap_up(cfg, run, policy, log, tools, evaluate_on, run_state, device=device, start_step=start_step,
                       progress=progress)
     del policy, ref_policy  # DDP's reducer must go before its process group does
