@@ -123,7 +123,8 @@ def test_the_step_labels_objective_on_the_hub_convention(tmp_path):
 @pytest.mark.parametrize("row, step_separator, message", [
     ({"prompt": "1+1=", "completions": ["<think>1+1=2,", "2"], "labels": [True]}, ",", "one label per step"),
     ({"prompt": "1+1=", "completion": "2", "label": True}, ",", "step_labels trains on step-labelled rows"),
-    ({"prompt": "1+1=", "completions": ["2"], "labels": [True]}, "<extra_0>", "step_separator: score token '<extra_0>' is 0"),
+    ({"prompt": "1+1=", "completions": ["2"], "labels": [True]}, "<extra_0>",
+     "step_separator: score token '<extra_0>' is 0"),
 ])
 def test_bad_rows_and_separators_are_one_line_errors(row, step_separator, message, tmp_path):
     with pytest.raises(ConfigError, match=message):
@@ -141,3 +142,21 @@ def test_the_cli_samples_labels_steps_and_trains_a_prm(tmp_path, capsys):
     assert printed.startswith("process reward model (step_labels, 16 rows, 1 steps): held-out AUC ")
     assert "ProcessRewardModel" in printed
     assert json.loads((out / "summary.json").read_text())["eval"]["num_steps"] > 0
+
+
+@pytest.mark.parametrize("peft", [{"use_peft": True}, {"use_peft": True, "load_in_4bit": True}], ids=["lora", "qlora"])
+def test_a_prm_trains_with_lora_and_qlora_and_is_saved_merged(peft, tmp_path):
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    rows = [{"prompt": "471+586=", "completions": ["<think>1+6=7,", "7+8=14,", "4+5+1=10</think>", "1047"],
+             "labels": [True, False, True, False]},
+            {"prompt": "12+34=", "completions": ["<think>2+4=6,", "1+3=4</think>", "46"], "labels": [True] * 3}] * 2
+    cfg = Config(output_dir=str(tmp_path / "prm"), learning_rate=1e-3, eval_steps=0, lora_r=4, **peft)
+    reward_cfg = RewardConfig(loss="step_labels", step_separator=",", per_device_train_batch_size=2)
+    summary = train_reward_model(cfg, reward_cfg, train_rows=rows, eval_rows=rows[:2], progress=False)
+    prm = ProcessRewardModel(AutoModelForTokenClassification.from_pretrained(tmp_path / "prm").eval(),
+                             AutoTokenizer.from_pretrained(tmp_path / "prm"), score_token=",", split=scratchpad_split)
+    tolerance = 0.01 if peft.get("load_in_4bit") else 1e-6  # QLoRA: merged into the float base, not the 4-bit one
+    reloaded = evaluate_process_reward_model(prm, rows[:2])
+    assert reloaded["p_right_of_right_steps"] == pytest.approx(summary["eval"]["p_right_of_right_steps"], abs=tolerance)
+    assert (tmp_path / "prm" / "adapter").is_dir()

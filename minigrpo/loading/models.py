@@ -136,6 +136,8 @@ def load_model(
             bnb_4bit_use_double_quant=use_bnb_nested_quant, bnb_4bit_compute_dtype=DTYPES[dtype],
         )
         kwargs["device_map"] = {"": str(device)}  # quantized weights are placed while loading, never moved
+        if per_token:  # a token classifier's head ("score") stays in dtype, as the causal LM's output head does
+            kwargs["quantization_config"].llm_int8_skip_modules = ["score", "classifier"]
     try:
         model = model_class.from_pretrained(name, **kwargs)
     except OSError as exc:
