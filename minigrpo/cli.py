@@ -214,6 +214,13 @@ def cmd_reward_model(argv: list[str]) -> int:
     reward_cfg = RewardConfig.from_flags({key: overrides.pop(key) for key in reward_fields if key in overrides})
     cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/rm", **overrides})
     s = train_reward_model(cfg, reward_cfg)
+    if reward_cfg.loss == "step_labels":  # a token classifier: scored in Python by ProcessRewardModel
+        held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, step accuracy "
+                                                 f"{s['eval']['step_accuracy']:.3f}")
+        print(f"process reward model ({s['loss']}, {s['train_rows']} rows, {s['steps']} steps){held_out}. Saved to "
+              f"{s['output_dir']}: reward_funcs=[ProcessRewardModel(model, tokenizer, score_token="
+              f"{reward_cfg.step_separator!r})] (process_reward_model.py)")
+        return 0
     held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, pairwise accuracy "
                                              f"{s['eval']['pairwise_accuracy']:.3f}")
     print(f"reward model ({s['loss']}, {s['train_rows']} rows, {s['steps']} steps){held_out}. Saved to "

@@ -16,8 +16,15 @@ output holds per-token logits of two classes fits: Qwen2.5-Math-PRM's (`AutoMode
 Math-Shepherd style), or the stand-in (lab/standin.py). A score token written by the policy itself is removed from
 the PRM's input, so a completion cannot add steps the PRM scores.
 
-What it simplifies: the steps are split on one separator; a completion longer than the PRM's context is not cut
-(give the PRM a max_completion_length it can read); `positive_label` says which class means "right" (Qwen: 1).
+A tokenizer without a chat template (minigrpo's own tiny models) reads TRL's former PRMTrainer's plain format
+instead, `prompt + steps[0] + sep + steps[1] + sep + ...` (no bos added). `prm_text` builds the text for both the
+scorer and the trainer (reward_trainer.py, loss "step_labels"), so a PRM trained here reads what it was trained on.
+`split` replaces the separator for a text whose steps are cut otherwise: think_addition's scratchpad
+(tasks.think_addition.scratchpad_split, with "," as the score token) is cut as its step checker cuts it.
+
+What it simplifies: the steps are split on one separator (or by `split`); a completion longer than the PRM's context
+is not cut (give the PRM a max_completion_length it can read); `positive_label` says which class means "right"
+(Qwen: 1); a score token in the prompt is skipped (the last len(steps) score tokens are the steps').
 """
 
 import math
@@ -27,7 +34,7 @@ import torch
 from .rewards import completion_text
 from .step_rewards import StepRewards
 
-__all__ = ["ProcessRewardModel", "split_steps"]
+__all__ = ["ProcessRewardModel", "split_steps", "prm_text", "score_token_id"]
 
 QWEN_PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -50,30 +57,54 @@ def split_steps(text: str, separator: str = "\n\n") -> tuple[list[str], list[int
     return steps, ends
 
 
+def score_token_id(tokenizer, score_token: str) -> int:
+    """The id of the token a PRM reads each step's score at; a ValueError in one line unless it is one token."""
+    try:
+        ids = tokenizer(score_token, add_special_tokens=False)["input_ids"]
+    except Exception:  # noqa: BLE001 (a word-level tokenizer raises a bare Exception for a word it lacks)
+        ids = []
+    if len(ids) != 1:
+        raise ValueError(f"score token {score_token!r} is {len(ids)} tokens of the PRM's tokenizer, not one: pick a "
+                         f"token of its vocabulary (or add it to the tokenizer before training)")
+    return ids[0]
+
+
+def prm_text(tokenizer, prompt, steps: list[str], score_token: str, system: str | None = QWEN_PRM_SYSTEM) -> str:
+    """A PRM's input: the prompt, then each step followed by the score token (a score token inside a step removed).
+    With a chat template: the template over the system message (None: none), the prompt and the steps as the
+    assistant's turn (Qwen2.5-Math-PRM); without one: TRL's plain prompt + steps (a string prompt)."""
+    clean = [step.replace(score_token, "") for step in steps]
+    response = "".join(s + score_token for s in clean)
+    if not getattr(tokenizer, "chat_template", None):
+        if not isinstance(prompt, str):
+            raise ValueError("a conversational prompt needs a PRM tokenizer with a chat template")
+        return prompt + response
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages += prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    messages.append({"role": "assistant", "content": response})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+
+
 class ProcessRewardModel:
     """prm(prompts, completions, **row) -> [StepRewards] (TRL's reward-function signature), on a PRM and its tokenizer.
 
-    separator: how the policy's text is cut into steps; score_token: what the PRM reads each step's score at (must
-    be one token of its tokenizer); system: the system message of the PRM's chat template (None: none);
-    positive_label: the class whose probability is the step's reward; batch_size: completions per forward pass."""
+    separator: how the policy's text is cut into steps (or split: text -> (steps, ends), as split_steps returns);
+    score_token: what the PRM reads each step's score at (must be one token of its tokenizer); system: the system
+    message of the PRM's chat template (None: none); positive_label: the class whose probability is the step's
+    reward; batch_size: completions per forward pass."""
 
     def __init__(self, model, tokenizer, *, separator: str = "\n\n", score_token: str = "<extra_0>",
-                 system: str | None = QWEN_PRM_SYSTEM, positive_label: int = 1, batch_size: int = 16):
-        ids = tokenizer(score_token, add_special_tokens=False)["input_ids"]
-        if len(ids) != 1:
-            raise ValueError(f"score_token {score_token!r} is {len(ids)} tokens of the PRM's tokenizer; it must be one")
+                 system: str | None = QWEN_PRM_SYSTEM, positive_label: int = 1, batch_size: int = 16,
+                 split=None):
+        self.score_id = score_token_id(tokenizer, score_token)
         self.model, self.tokenizer, self.separator, self.score_token = model, tokenizer, separator, score_token
-        self.score_id, self.system, self.positive_label, self.batch_size = ids[0], system, positive_label, batch_size
+        self.system, self.positive_label, self.batch_size = system, positive_label, batch_size
+        self.split = split or (lambda text: split_steps(text, separator))
         self.__name__ = "process_reward_model"
 
     def prm_text(self, prompt, steps: list[str]) -> str:
-        """The PRM's input: its chat template over the system message, the prompt and the steps, each followed by the
-        score token (a score token inside the policy's text removed)."""
-        clean = [step.replace(self.score_token, "") for step in steps]
-        messages = [{"role": "system", "content": self.system}] if self.system is not None else []
-        messages += prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        messages.append({"role": "assistant", "content": "".join(s + self.score_token for s in clean)})
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        """The PRM's input for one completion's steps (`prm_text` above)."""
+        return prm_text(self.tokenizer, prompt, steps, self.score_token, self.system)
 
     @torch.no_grad()
     def step_probabilities(self, texts: list[str]) -> list[list[float]]:
@@ -95,10 +126,11 @@ class ProcessRewardModel:
 
     def __call__(self, prompts, completions, **row) -> list[StepRewards]:
         texts = row.get("completion_text") or [completion_text(c) for c in completions]
-        split = [split_steps(t, self.separator) for t in texts]
+        split = [self.split(t) for t in texts]
         scores = self.step_probabilities([self.prm_text(p, steps) for p, (steps, _) in zip(prompts, split)])
         rewards = []
         for (steps, ends), p in zip(split, scores):
+            p = p[-len(steps):]  # a score token in the prompt or the system message comes before the steps' own
             if len(p) != len(steps):  # cannot happen unless the template drops text: a step without a score
                 p = (p + [math.nan] * len(steps))[:len(steps)]
             rewards.append(StepRewards(p, ends))

@@ -1,10 +1,11 @@
 """Training a reward model: from a policy's samples labelled by a checker, or from preference pairs in TRL's format.
 
-    rows     TRL's preference rows (Bradley–Terry) or labelled completions (BCE)           preference/pairs.py
+    rows     TRL's preference rows (Bradley–Terry), labelled completions (BCE) or         preference/pairs.py
+             step-labelled ones (a process reward model: TRL's former PRMTrainer's rows)
              or made here: the policy samples the task's prompts, the task's checker     sample_labelled,
-             labels each completion, right is paired with wrong per prompt                 labelled_pairs
-    model    the policy's body (default: the task's warm start) under a scalar head,       run.load_policy
-             all weights, LoRA or QLoRA as the Config asks
+             labels each completion (or each step), right is paired with wrong per prompt  labelled_pairs
+    model    the policy's body (default: the task's warm start) under a scalar head (a     run.load_policy
+             two-class head on every token for a PRM), all weights, LoRA or QLoRA
     loop     epochs of shuffled mini-batches: scores with the gradient, the objective's     REWARD_OBJECTIVES,
              loss, AdamW with the Config's schedule, the gradient clipped                  preference/bradley_terry.py
     judge    held-out pairwise accuracy and AUC                                            evaluate_reward_model
@@ -13,13 +14,18 @@
 
     minigrpo reward-model --out runs/rm --loss bce --learning-rate 1e-3      # sampled from the warm start
     minigrpo train --reward-funcs runs/rm,correctness --reward-weights 1,0    # GRPO on it, the checker watched
+    minigrpo reward-model --out runs/prm --loss step_labels --step-separator , # a PRM on the step checker's labels
 
 What it simplifies: one process, no checkpoints. Texts are tokenized as the GRPO trainer will score them (prompt +
 completion, no special tokens added; reward_model.py), not as TRL's RewardTrainer does (it appends eos and adds the
 tokenizer's special tokens, while TRL's GRPOTrainer scores without them): a reward model is trained on what it reads.
 
 A data format is an entry of REWARD_OBJECTIVES: how a row becomes the texts it scores and its targets, how a batch
-of token ids becomes scores, and the loss on them. A process reward model (scores at the ends of steps) adds one.
+of token ids becomes scores, and the loss on them. "step_labels" is a process reward model's (Math-Shepherd, TRL's
+former PRMTrainer): rows {"prompt", "completions": [step, ...], "labels": [bool, ...]}, each step followed by the
+score token `step_separator`, the labels at those tokens (-100 elsewhere), cross-entropy of a two-class token head
+(preference/step_labels.py). The text is process_reward_model.prm_text's, so the saved model drops into
+ProcessRewardModel (same score token, same chat template or none) and scores what it was trained on.
 """
 
 import dataclasses
@@ -40,15 +46,20 @@ from .loading.models import is_lora, is_quantized, load_model, load_model_and_to
 from .metrics import json_line
 from .parallel import processes
 from .persistence.run_log import write_config
-from .preference import bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc
+from .preference import (bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc,
+                         step_label_loss)
+from .preference.step_labels import IGNORE_INDEX
+from .process_reward_model import ProcessRewardModel, prm_text, score_token_id
 from .prompts import completions_for_rewards
 from .reward_model import RewardModel, reward_texts, sequence_scores
 from .run import claim_output_dir, load_policy, make_optimizer, policy_path
+from .step_rewards import StepRewards
 from .tasks import get_task
 from .tasks.sources import read_dataset
 
 __all__ = ["RewardConfig", "RewardObjective", "REWARD_OBJECTIVES", "train_reward_model", "sample_labelled",
-           "labelled_pairs", "evaluate_reward_model", "save_reward_model", "epoch_batches"]
+           "labelled_pairs", "evaluate_reward_model", "save_reward_model", "epoch_batches", "sample_step_labelled",
+           "step_labelled_row", "evaluate_process_reward_model"]
 
 
 # Config settings the reward-model and DPO loops do not honour (no sampling engine, no checkpoints, one process)
@@ -59,7 +70,12 @@ UNSUPPORTED = {"use_vllm": False, "fsdp": "", "resume_from_checkpoint": None, "s
 class RewardConfig(FlagsConfig):
     """What training a reward model adds to the run's Config, with TRL's RewardConfig names where it has them."""
 
-    loss: str = "bradley_terry"  # minigrpo: "bradley_terry" on preference pairs, or "bce" on labelled completions
+    # minigrpo: "bradley_terry" on preference pairs, "bce" on labelled completions, "step_labels" on step-labelled
+    # ones (a process reward model, a two-class head on every token)
+    loss: str = "bradley_terry"
+    # TRL's PRMConfig: the token written after each step, where its label sits and its score is read ("step_labels"
+    # only; one token of the tokenizer; "<extra_0>" is Qwen2.5-Math-PRM's, "," suits think_addition's scratchpad)
+    step_separator: str = "<extra_0>"
     center_rewards_coefficient: float | None = None  # TRL: + c * mean (r_c + r_r)^2 (Bradley–Terry only)
     num_train_epochs: float = 1.0  # passes over the training rows (TRL's default is 3)
     per_device_train_batch_size: int = 64  # pairs (or labelled completions) per optimizer step (TRL's: 8)
@@ -72,6 +88,8 @@ class RewardConfig(FlagsConfig):
     def __post_init__(self):
         if self.loss not in REWARD_OBJECTIVES:
             raise ConfigError(f"loss: {self.loss!r} is not one of {', '.join(REWARD_OBJECTIVES)}")
+        if not self.step_separator:
+            raise ConfigError("step_separator: must be a token, got an empty string")
         if self.center_rewards_coefficient is not None and self.loss != "bradley_terry":
             raise ConfigError("center_rewards_coefficient: a Bradley–Terry term; the bce loss fixes the scale itself")
         for key in ("num_train_epochs", "per_device_train_batch_size", "num_prompts", "eval_num_prompts"):
@@ -85,12 +103,15 @@ class RewardConfig(FlagsConfig):
 @dataclass(frozen=True)
 class RewardObjective:
     """One data format: `examples(row)` -> {"prompts": [...], "completions": [...], **targets} (the texts it scores,
-    in order), `scores(model, tokenizer, ids)` -> the scores of a batch's texts, `loss(scores, examples, reward_cfg)`
-    -> (loss, stats)."""
+    in order), `encode(tokenizer, example, reward_cfg, chat_template_kwargs)` -> the token ids of its texts,
+    `scores(model, tokenizer, ids)` -> the scores of a batch's texts, `loss(scores, examples, reward_cfg)`
+    -> (loss, stats); `head` the model's: "sequence" (one score per text) or "token" (two logits per token)."""
 
     examples: Callable[[dict], dict]
     loss: Callable
     scores: Callable = sequence_scores
+    encode: Callable | None = None  # None: the texts as reward_model.py reads them
+    head: str = "sequence"
 
 
 def _pair_example(row: dict) -> dict:
@@ -116,21 +137,74 @@ def _labelled_loss(scores: torch.Tensor, examples: list[dict], reward_cfg: Rewar
     return pointwise_bce_loss(scores, torch.tensor([e["label"] for e in examples]).to(scores))
 
 
+def _step_example(row: dict) -> dict:
+    """TRL's former PRMTrainer's row: {"prompt", "completions": [step, ...], "labels": [bool, ...]}."""
+    if not {"prompt", "completions", "labels"} <= set(row):
+        raise ConfigError(f"loss: step_labels trains on step-labelled rows {{'prompt', 'completions', 'labels'}}; got "
+                          f"the keys {sorted(row)}")
+    steps, labels = row["completions"], row["labels"]
+    if not isinstance(steps, list) or not isinstance(labels, list) or len(steps) != len(labels) or not steps:
+        raise ConfigError(f"loss: step_labels needs one label per step, at least one step; got "
+                          f"{len(steps) if isinstance(steps, list) else steps!r} steps and "
+                          f"{len(labels) if isinstance(labels, list) else labels!r} labels")
+    return {"prompts": [row["prompt"]], "completions": [list(map(str, steps))],
+            "labels": [int(bool(x)) for x in labels]}
+
+
+def _step_encode(tokenizer, example: dict, reward_cfg: "RewardConfig", chat_template_kwargs=None) -> list[list[int]]:
+    """The PRM's text (process_reward_model.prm_text: the prompt, each step followed by the score token), its token
+    ids, and example["token_labels"]: each step's label at its score token, IGNORE_INDEX everywhere else."""
+    try:
+        score_id = score_token_id(tokenizer, reward_cfg.step_separator)
+    except ValueError as exc:
+        raise ConfigError(f"step_separator: {exc}") from None
+    (prompt,), (steps,), labels = example["prompts"], example["completions"], example["labels"]
+    text = prm_text(tokenizer, prompt, steps, reward_cfg.step_separator)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    positions = [t for t, i in enumerate(ids) if i == score_id][-len(steps):]  # the last ones: the steps' own
+    if len(positions) != len(steps):
+        raise ConfigError(f"step_separator: {len(positions)} score tokens found for {len(steps)} steps (the tokenizer "
+                          f"merges {reward_cfg.step_separator!r} with the text beside it)")
+    token_labels = [IGNORE_INDEX] * len(ids)
+    for position, label in zip(positions, labels):
+        token_labels[position] = label
+    example["token_labels"] = [token_labels]
+    return [ids]
+
+
+def token_logits(model, tokenizer, ids: list[list[int]]) -> torch.Tensor:
+    """(N, L, 2) the token classifier's logits of each sequence, right-padded to the longest, with the gradient."""
+    device = next(model.parameters()).device
+    batch = tokenizer.pad({"input_ids": ids}, padding_side="right", return_tensors="pt").to(device)
+    return model(**batch).logits
+
+
+def _step_loss(logits: torch.Tensor, examples: list[dict], reward_cfg: RewardConfig):
+    width = logits.shape[1]
+    labels = torch.tensor([row + [IGNORE_INDEX] * (width - len(row)) for e in examples for row in e["token_labels"]],
+                          device=logits.device)  # (N, L)
+    return step_label_loss(logits, labels)
+
+
 REWARD_OBJECTIVES = {
     "bradley_terry": RewardObjective(_pair_example, _pair_loss),
     "bce": RewardObjective(_labelled_example, _labelled_loss),
+    "step_labels": RewardObjective(_step_example, _step_loss, token_logits, _step_encode, head="token"),
 }
 
 
 def encode_examples(objective: RewardObjective, tokenizer, rows: list[dict], max_length: int | None,
-                    chat_template_kwargs: dict | None = None) -> list[dict]:
-    """Each row as its objective's example with "ids", the token ids of its texts as reward_model.py reads them;
-    rows with a text longer than max_length dropped (TRL)."""
+                    chat_template_kwargs: dict | None = None, reward_cfg: "RewardConfig | None" = None) -> list[dict]:
+    """Each row as its objective's example with "ids", the token ids of its texts as reward_model.py reads them
+    (a PRM: as ProcessRewardModel reads them); rows with a text longer than max_length dropped (TRL)."""
     examples = []
     for row in rows:
         example = objective.examples(row)
-        texts = reward_texts(tokenizer, example["prompts"], example["completions"], chat_template_kwargs)
-        example["ids"] = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        if objective.encode is not None:
+            example["ids"] = objective.encode(tokenizer, example, reward_cfg or RewardConfig(), chat_template_kwargs)
+        else:
+            texts = reward_texts(tokenizer, example["prompts"], example["completions"], chat_template_kwargs)
+            example["ids"] = tokenizer(texts, add_special_tokens=False)["input_ids"]
         if max_length is None or max(map(len, example["ids"])) <= max_length:
             examples.append(example)
     return examples
@@ -155,6 +229,47 @@ def sample_labelled(model, tokenizer, task, rows: list[dict], *, num_generations
         labelled += [{"prompt": r["prompt"], "completion": c, "label": bool(task.grade(c, r))}
                      for r, c in zip(repeated, completions, strict=True)]
     return labelled
+
+
+def step_labelled_row(prompt, completion: str, steps: StepRewards) -> dict:
+    """A step checker's verdict on one completion as a PRM's training row (TRL's former PRMTrainer's format):
+    {"prompt", "completions": the steps' text, completion[ends[k-1]:ends[k]], "labels": reward >= 1/2 for each}.
+
+        step_labelled_row("471+586=", "<think>1+6=7,7+8=14,4+5+1=10</think>1047", scratchpad_steps(..., False))
+        -> {"completions": ["<think>1+6=7,", "7+8=14,", "4+5+1=10</think>", "1047"],
+            "labels": [True, False, True, False], ...}"""
+    starts = [0, *steps.ends[:-1]]
+    return {"prompt": prompt, "completions": [completion[a:b] for a, b in zip(starts, steps.ends)],
+            "labels": [float(r) >= 0.5 for r in steps.rewards]}
+
+
+def sample_step_labelled(model, tokenizer, task, rows: list[dict], *, checker: Callable, num_generations: int,
+                         max_completion_length: int, temperature: float = 1.0,
+                         chat_template_kwargs: dict | None = None) -> list[dict]:
+    """num_generations completions of each row's prompt from `model`, each cut into steps and each step labelled by
+    `checker(prompt, completion) -> StepRewards` (Math-Shepherd's labels, from a rule instead of rollouts):
+    [{"prompt", "completions", "labels"}] (step_labelled_row). A completion the checker cannot grade is left out.
+    For think_addition, checker = scratchpad_steps(..., grade_missing=False): its steps are scratchpad_split's,
+    the cut ProcessRewardModel(split=scratchpad_split) scores."""
+    labelled = sample_labelled(model, tokenizer, task, rows, num_generations=num_generations, temperature=temperature,
+                               max_completion_length=max_completion_length, chat_template_kwargs=chat_template_kwargs)
+    out = []
+    for row in labelled:
+        steps = checker(row["prompt"], row["completion"])
+        if steps is not None and len(steps):
+            out.append(step_labelled_row(row["prompt"], row["completion"], steps))
+    return out
+
+
+def task_step_checker(task) -> Callable:
+    """The checker whose labels a PRM of `task` learns: think_addition's scratchpad checker, the written steps
+    and the answer (scratchpad_split's cut, which a PRM can score: a column not written has no text to score)."""
+    from .tasks.think_addition import ThinkAdditionTask, scratchpad_steps
+
+    if not isinstance(task, ThinkAdditionTask):
+        raise ConfigError(f"loss: step_labels from the policy's samples needs a step checker; task {task.name!r} has "
+                          f"none (give step-labelled rows with --dataset)")
+    return lambda prompt, completion: scratchpad_steps(prompt, completion, grade_missing=False)
 
 
 def labelled_pairs(labelled: list[dict], seed: int = 0) -> list[dict]:
@@ -195,6 +310,18 @@ def evaluate_reward_model(reward_model: RewardModel, rows: list[dict]) -> dict:
             "num_completions": len(rows)}
 
 
+def evaluate_process_reward_model(prm: ProcessRewardModel, rows: list[dict]) -> dict:
+    """Held-out quality of a PRM on step-labelled rows: the AUC of right steps against wrong ones, the step accuracy
+    of P(right) > 1/2, and the mean P(right) of right and of wrong steps."""
+    scores = prm.step_probabilities([prm.prm_text(r["prompt"], r["completions"]) for r in rows])
+    p = torch.tensor([q for r, s in zip(rows, scores) for q in s[-len(r["completions"]):]])
+    labels = torch.tensor([bool(x) for r in rows for x in r["labels"]])
+    return {"auc": roc_auc(p, labels), "step_accuracy": ((p > 0.5) == labels).float().mean().item(),
+            "p_right_of_right_steps": p[labels].mean().item() if labels.any() else math.nan,
+            "p_right_of_wrong_steps": p[~labels].mean().item() if (~labels).any() else math.nan,
+            "num_steps": len(labels)}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------------------
@@ -203,10 +330,10 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     """Train a reward model and save it into cfg.output_dir; returns the summary (also summary.json).
 
     From the Config: model_name_or_path (the body to start from; default the task's shipped warm start), task,
-    dataset_name (TRL-format rows: preference pairs for bradley_terry, labelled completions for bce; its test split
-    judges), use_peft / load_in_4bit / lora_* / dtype, seed, learning_rate and its schedule, AdamW's settings,
-    max_grad_norm, eval_steps, output_dir, device; without rows or a dataset, num_generations, temperature and
-    max_completion_length for the policy's samples (`rows_from_policy`). train_rows, eval_rows: the rows themselves.
+    dataset_name (TRL-format rows: preference pairs for bradley_terry, labelled completions for bce, step-labelled
+    completions for step_labels; its test split judges), use_peft / load_in_4bit / lora_* / dtype, seed,
+    learning_rate and its schedule, AdamW's settings, max_grad_norm, eval_steps, output_dir, device; without rows or
+    a dataset, num_generations, temperature and max_completion_length for the policy's samples (`load_rows`). train_rows, eval_rows: the rows themselves.
     """
     reward_cfg = reward_cfg or RewardConfig()
     if processes.launched_processes() > 1:
@@ -219,17 +346,24 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     torch.manual_seed(cfg.seed)
     if train_rows is None:
         train_rows, eval_rows = load_rows(cfg, reward_cfg, device)
-    model, tokenizer = load_policy(cfg, policy_path(cfg, get_task(cfg.task)), device, num_labels=1)
-    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # where the model finds the last token
     objective = REWARD_OBJECTIVES[reward_cfg.loss]
-    examples = encode_examples(objective, tokenizer, train_rows, reward_cfg.max_length, cfg.chat_template_kwargs)
+    per_token = objective.head == "token"
+    model, tokenizer = load_policy(cfg, policy_path(cfg, get_task(cfg.task)), device, num_labels=2 if per_token else 1,
+                                   per_token=per_token)
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # where the model finds the last token
+    examples = encode_examples(objective, tokenizer, train_rows, reward_cfg.max_length, cfg.chat_template_kwargs,
+                               reward_cfg)
     if not examples:
         raise ConfigError("train_reward_model: no training rows (none given, or all longer than max_length)")
     batch_size = reward_cfg.per_device_train_batch_size
     num_steps = max(1, round(math.ceil(len(examples) / batch_size) * reward_cfg.num_train_epochs))
     optimizer, scheduler = make_optimizer(dataclasses.replace(cfg, max_steps=num_steps),
                                           [p for p in model.parameters() if p.requires_grad])
-    judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
+    if per_token:  # read back exactly as GRPO will read it
+        judge = lambda: evaluate_process_reward_model(  # noqa: E731
+            ProcessRewardModel(model.eval(), tokenizer, score_token=reward_cfg.step_separator), eval_rows)
+    else:
+        judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
     write_config(out, cfg.to_dict(), algorithm="reward_model", reward=reward_cfg.to_dict())
     (out / "metrics.jsonl").write_text("")
     log, t_start = [], time.perf_counter()
@@ -253,27 +387,32 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     summary = {"loss": reward_cfg.loss, "train_rows": len(examples), "steps": num_steps,
                "wall_seconds": round(time.perf_counter() - t_start, 2), "eval": judge() if eval_rows else None,
                "output_dir": str(out)}
-    save_reward_model(model, tokenizer, out, base=policy_path(cfg, get_task(cfg.task)), dtype=cfg.dtype)
+    save_reward_model(model, tokenizer, out, base=policy_path(cfg, get_task(cfg.task)), dtype=cfg.dtype,
+                      num_labels=2 if per_token else 1, per_token=per_token)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
 def load_rows(cfg: Config, reward_cfg: RewardConfig, device) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows): cfg.dataset_name's splits, else the policy's labelled samples of the task's
-    prompts (pairs for bradley_terry; held out: labelled completions of test prompts)."""
+    prompts (pairs for bradley_terry; step-labelled for step_labels; held out: labelled completions of test prompts)."""
     if cfg.dataset_name:
         return (read_dataset(cfg.dataset_name, cfg.dataset_train_split, cfg.dataset_config),
                 read_dataset(cfg.dataset_name, cfg.dataset_test_split, cfg.dataset_config))
     task = get_task(cfg.task)
     model, tokenizer = load_model_and_tokenizer(policy_path(cfg, task), device, dtype=cfg.dtype)
     rng = random.Random(cfg.seed)
+    steps = reward_cfg.loss == "step_labels"
+    checker = task_step_checker(task) if steps else None
 
     def sample(split: str, num_prompts: int) -> list[dict]:
         rows = task.load(split)
-        return sample_labelled(model, tokenizer, task, rng.sample(rows, min(num_prompts, len(rows))),
-                               num_generations=cfg.num_generations, temperature=cfg.temperature,
-                               max_completion_length=cfg.max_completion_length or task.max_completion_length,
-                               chat_template_kwargs=cfg.chat_template_kwargs)
+        kwargs = dict(num_generations=cfg.num_generations, temperature=cfg.temperature,
+                      max_completion_length=cfg.max_completion_length or task.max_completion_length,
+                      chat_template_kwargs=cfg.chat_template_kwargs)
+        rows = rng.sample(rows, min(num_prompts, len(rows)))
+        return (sample_step_labelled(model, tokenizer, task, rows, checker=checker, **kwargs) if steps
+                else sample_labelled(model, tokenizer, task, rows, **kwargs))
 
     train = sample(cfg.dataset_train_split, reward_cfg.num_prompts)
     held_out = sample(cfg.dataset_test_split, reward_cfg.eval_num_prompts)
@@ -297,11 +436,14 @@ def _log_line(out: Path, row: dict, progress: bool) -> None:
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json_line(row))
     if progress and "eval/auc" in row:
+        accuracy = ("step accuracy", row["eval/step_accuracy"]) if "eval/step_accuracy" in row else \
+            ("pairwise accuracy", row["eval/pairwise_accuracy"])
         print(f"reward model step {row['step']:4d}  loss {row['loss']:.4f}  held-out AUC {row['eval/auc']:.3f}  "
-              f"pairwise accuracy {row['eval/pairwise_accuracy']:.3f}", flush=True)
+              f"{accuracy[0]} {accuracy[1]:.3f}", flush=True)
 
 
-def save_reward_model(model, tokenizer, out, *, base, dtype: str = "float32") -> None:
+def save_reward_model(model, tokenizer, out, *, base, dtype: str = "float32", num_labels: int = 1,
+                      per_token: bool = False) -> None:
     """The reward model in `out` as AutoModelForSequenceClassification (and TRL) load it: its weights and config
     (pad_token_id set), its tokenizer (padding on the right, as it reads). LoRA: merged into the weights, the adapter
     kept in out/adapter; QLoRA: merged into the float base reloaded from `base` (a 4-bit weight cannot hold W + BA)."""
@@ -312,7 +454,8 @@ def save_reward_model(model, tokenizer, out, *, base, dtype: str = "float32") ->
         model.save_pretrained(out / "adapter")
         if is_quantized(model):
             with peft_wrapping():
-                model = PeftModel.from_pretrained(load_model(base, "cpu", dtype=dtype, num_labels=1), out / "adapter")
+                model = PeftModel.from_pretrained(load_model(base, "cpu", dtype=dtype, num_labels=num_labels,
+                                                             per_token=per_token), out / "adapter")
         model = model.merge_and_unload()
         model.config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)

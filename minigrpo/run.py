@@ -198,9 +198,10 @@ def run_rows(cfg: Config, task: Task, train_rows: list[dict] | None = None, eval
 
 
 def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, num_labels: int | None = None, *,
-                model=None, tokenizer=None):
+                model=None, tokenizer=None, per_token: bool = False):
     """(model, tokenizer) as the config asks: full weights, LoRA (`use_peft`) or QLoRA (`load_in_4bit` too). With
-    num_labels, a sequence classifier on the same body (a reward model being trained: reward_trainer.py).
+    num_labels, a sequence classifier on the same body (a reward model being trained: reward_trainer.py), or with
+    per_token a token classifier (a process reward model).
 
     name_or_path may be a LoRA adapter (a run's model/ with use_peft): training then continues that adapter on
     its base. Without use_peft an adapter is refused in one line: its merged model is what to train fully.
@@ -215,7 +216,7 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, num_
     model = load_model(
         base or name_or_path, device, dtype=cfg.dtype, load_in_4bit=cfg.load_in_4bit,
         bnb_4bit_quant_type=cfg.bnb_4bit_quant_type, use_bnb_nested_quant=cfg.use_bnb_nested_quant,
-        num_labels=num_labels,
+        num_labels=num_labels, per_token=per_token,
     )
     if cfg.use_peft and base is not None:  # the adapter's own r, alpha and targets: cfg's lora_* do not apply
         from peft import PeftModel, prepare_model_for_kbit_training
@@ -226,7 +227,8 @@ def load_policy(cfg, name_or_path: str | os.PathLike, device: torch.device, num_
             model = PeftModel.from_pretrained(model, str(name_or_path), is_trainable=True)
     elif cfg.use_peft:
         model = add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                         target_modules=cfg.lora_target_modules, task_type="SEQ_CLS" if num_labels else "CAUSAL_LM")
+                         target_modules=cfg.lora_target_modules,
+                         task_type=("TOKEN_CLS" if per_token else "SEQ_CLS") if num_labels else "CAUSAL_LM")
     if cfg.gradient_checkpointing or (cfg.fsdp_config or {}).get("activation_checkpointing"):  # the same thing
         enable_gradient_checkpointing(model)
     return model, load_tokenizer(name_or_path) if tokenizer is None else prepare_tokenizer(tokenizer)

@@ -112,26 +112,32 @@ def load_model(
     bnb_4bit_quant_type: str = "nf4",
     use_bnb_nested_quant: bool = False,
     num_labels: int | None = None,
+    per_token: bool = False,
 ):
     """A causal LM on `device`, its weights in `dtype`, or its linear layers in 4 bits (bitsandbytes). With
-    num_labels, a sequence classifier instead (a reward model: num_labels=1), its head new if the checkpoint has none.
+    num_labels, a sequence classifier instead (a reward model: num_labels=1), its head new if the checkpoint has none;
+    with per_token too, a token classifier (a process reward model: num_labels=2, two logits at every token).
 
     With load_in_4bit, every nn.Linear of the blocks becomes a bitsandbytes Linear4bit (the output head and the
     embeddings stay in `dtype`), and `dtype` is the compute dtype the 4-bit blocks are dequantized to — as in
     TRL's ModelConfig, where one `dtype` field serves both. bitsandbytes >= 0.45 runs this on the CPU too.
     A directory holding a LoRA adapter (adapter_config.json) loads its base model with the adapter on top.
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BitsAndBytesConfig
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification, BitsAndBytesConfig)
 
     name = _local_or_hub(name_or_path)
     kwargs = {"dtype": DTYPES[dtype]} | ({"num_labels": num_labels} if num_labels else {})
-    model_class = AutoModelForSequenceClassification if num_labels else AutoModelForCausalLM
+    model_class = ((AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification) if num_labels
+                   else AutoModelForCausalLM)
     if load_in_4bit:
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type=bnb_4bit_quant_type,
             bnb_4bit_use_double_quant=use_bnb_nested_quant, bnb_4bit_compute_dtype=DTYPES[dtype],
         )
         kwargs["device_map"] = {"": str(device)}  # quantized weights are placed while loading, never moved
+        if per_token:  # a token classifier's head ("score") stays in dtype, as the causal LM's output head does
+            kwargs["quantization_config"].llm_int8_skip_modules = ["score", "classifier"]
     try:
         model = model_class.from_pretrained(name, **kwargs)
     except OSError as exc:

@@ -105,25 +105,49 @@ def scratchpad_steps(prompt: str, completion: str, *, grade_missing: bool = True
         return None
     a, b = (int(x) for x in match.groups())
     expected = scratchpad(a, b).split(",")
-    rewards, ends, scratch_end = [], [], 0
-    if completion.startswith(THINK_OPEN):
-        close = completion.find(THINK_CLOSE)
-        body = completion[len(THINK_OPEN):close if close >= 0 else len(completion)]
-        pieces = body.split(",") if body else []
-        position = len(THINK_OPEN)
-        for k, piece in enumerate(pieces):
-            last = k == len(pieces) - 1
-            if last and close < 0:
-                break  # unfinished: its separator was never written
-            position += len(piece) + (len(THINK_CLOSE) if last else 1)
-            rewards.append(float(k < len(expected) and piece == expected[k]))
-            ends.append(position)
-        scratch_end = close + len(THINK_CLOSE) if close >= 0 else len(completion)
+    written, ends, scratch_end = _written_columns(completion)
+    rewards = [float(k < len(expected) and piece == expected[k]) for k, piece in enumerate(written)]
     missing = max(len(expected) - len(rewards), 0) if grade_missing else 0  # never written: wrong, where it ends
     rewards, ends = rewards + [0.0] * missing, ends + [scratch_end] * missing
     rewards.append(float(ThinkAdditionTask().is_correct(completion, str(a + b))))
     ends.append(len(completion))
     return StepRewards(rewards, ends)
+
+
+def _written_columns(completion: str) -> tuple[list[str], list[int], int]:
+    """The column steps a completion writes (their text, without the separator), the character offset where each
+    ends (after its "," or ``</think>``), and where the scratchpad ends (the answer starts): scratchpad_steps' cut."""
+    pieces, ends, scratch_end = [], [], 0
+    if completion.startswith(THINK_OPEN):
+        close = completion.find(THINK_CLOSE)
+        body = completion[len(THINK_OPEN):close if close >= 0 else len(completion)]
+        split = body.split(",") if body else []
+        position = len(THINK_OPEN)
+        for k, piece in enumerate(split):
+            last = k == len(split) - 1
+            if last and close < 0:
+                break  # unfinished: its separator was never written
+            position += len(piece) + (len(THINK_CLOSE) if last else 1)
+            pieces.append(piece)
+            ends.append(position)
+        scratch_end = close + len(THINK_CLOSE) if close >= 0 else len(completion)
+    return pieces, ends, scratch_end
+
+
+def scratchpad_split(completion: str) -> tuple[list[str], list[int]]:
+    """A completion cut into the steps its checker grades (the written columns, then the answer), as a process
+    reward model reads them: (the steps' text, where each ends), the `split` of ProcessRewardModel.
+
+        scratchpad_split("<think>1+6=7,7+8=15,4+5+1=10</think>1057")
+        -> (["<think>1+6=7,", "7+8=15,", "4+5+1=10</think>", "1057"], [13, 20, 36, 40])
+
+    A step's text is the completion's own, text[ends[k-1]:ends[k]]; with "," as the PRM's score token the PRM reads
+    the policy's text with a "," after ``</think>`` and after the answer. The ends are scratchpad_steps'
+    with grade_missing=False, so its rewards are the labels of these steps (reward_trainer.step_labelled_rows)."""
+    _, ends, scratch_end = _written_columns(completion)
+    ends = ends + [len(completion)]
+    starts = [0, *ends[:-1]]
+    return [completion[a:b] for a, b in zip(starts, ends)], ends
 
 
 def thinking_length(completion: str) -> int:
