@@ -15,7 +15,6 @@ The top of the package is one training step and its math, in the order a step ru
     kl.py, truncation.py, mixed_precision.py, metrics.py, evaluate.py, prompts.py   the step's other pieces
     step_rewards.py   process supervision: a reward per step, mapped onto the tokens; preference/, the math of
                       learned rewards (Bradley-Terry, DPO, best-of-n, over-optimization)
-    reward_model.py, judge.py, process_reward_model.py   a reward from a trained model, an LLM judge, a hub PRM
     config.py         every option, once; errors.py, the one-line errors; cli.py, `minigrpo ...`
     run.py            the set-up and wrap-up the loops share (trainer.py; ppo_trainer.py, sft.py, reward_trainer.py,
                       dpo_trainer.py)
@@ -30,6 +29,8 @@ The machinery is in rooms named for their jobs, one call away:
                       reward and tool modules), loaded by name or run in a worker process with limits
     persistence/      checkpoints and exact resume, the run's logs (metrics.jsonl, completions.jsonl)
     loading/          models (full, LoRA, QLoRA, the reference), tokenizers, chat templates, device memory
+    reward_models/    rewards read from a model: a trained reward model (outcome.py), a process reward model
+                      (process.py), an LLM judge (judge.py)
     tasks/, tools/    the tasks (generators, files, the hub, reasoning-gym) and GRPO with tools
     lab/              apart: benchmarks, memory measurement, plots, `minigrpo show`, stand-ins, notebook helpers
 """

@@ -219,7 +219,7 @@ def cmd_reward_model(argv: list[str]) -> int:
                                                  f"{s['eval']['step_accuracy']:.3f}")
         print(f"process reward model ({s['loss']}, {s['train_rows']} rows, {s['steps']} steps){held_out}. Saved to "
               f"{s['output_dir']}: reward_funcs=[ProcessRewardModel(model, tokenizer, score_token="
-              f"{reward_cfg.step_separator!r})] (process_reward_model.py)")
+              f"{reward_cfg.step_separator!r})] (reward_models/process.py)")
         return 0
     held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, pairwise accuracy "
                                              f"{s['eval']['pairwise_accuracy']:.3f}")

@@ -117,7 +117,7 @@ class Config:
     # names (correctness, format, r1_format, r1_format_soft, overlong, random; step checkers for process supervision:
     # steps, the task's own, arithmetic_steps, any chain of equations) or your own as module:function or
     # path/to/file.py:function, with TRL's signature (rewards.build_reward_funcs), or a reward model's directory
-    # (a sequence-classification model, scored as TRL scores it: reward_model.py)
+    # (a sequence-classification model, scored as TRL scores it: reward_models/outcome.py)
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)

@@ -12,7 +12,7 @@ TRL's quick start runs with its import changed:
 
 What it accepts, as TRL does: `model` a hub id, a local path or a loaded model; `reward_funcs` one or a list of
 functions with TRL's signature, reward names or "module:function" specs (rewards.build_reward_funcs), or reward
-models: a directory, a hub id or a loaded sequence-classification model (reward_model.py), each scored with the
+models: a directory, a hub id or a loaded sequence-classification model (reward_models/outcome.py), each scored with the
 tokenizer given in `reward_processing_classes` (None: the one saved beside it); `reward_weights` in args; `args` a
 GRPOConfig (TRL's names, grpo_config.py) or minigrpo's Config; `train_dataset` / `eval_dataset` a datasets.Dataset
 or a list of rows (TRL's "prompt" column, a string or chat messages, and any other columns for the reward
@@ -124,7 +124,7 @@ class GRPOTrainer:
 def with_processing_classes(reward_funcs: list, processing_classes, chat_template_kwargs: dict | None) -> list:
     """TRL's reward_processing_classes: one tokenizer (or None) per reward function, or one for a single function.
     A reward model's (a path or a loaded sequence-classification model) is the tokenizer it scores with: the pair
-    is made a RewardModel here (reward_model.py; train() places it on the run's device). None, and an entry beside
+    is made a RewardModel here (reward_models/; train() places it on the run's device). None, and an entry beside
     a reward function that is not a model, are ignored, as TRL does: a reward model's own tokenizer is loaded."""
     if processing_classes is None:
         return reward_funcs
@@ -132,7 +132,7 @@ def with_processing_classes(reward_funcs: list, processing_classes, chat_templat
     if len(classes) != len(reward_funcs):
         raise ConfigError(f"reward_processing_classes: {len(classes)} for {len(reward_funcs)} reward functions (one "
                           f"per reward function, None where it is not a model)")
-    from .reward_model import is_reward_model, load_reward_model
+    from .reward_models.outcome import is_reward_model, load_reward_model
 
     return [load_reward_model(func, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs)
             if tokenizer is not None and is_reward_model(func) else func

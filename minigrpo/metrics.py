@@ -15,7 +15,7 @@ tokens), completions/mean_length_correct|incorrect (the length of right and wron
 shows), ratio_mean and approx_kl (old -> new policy), sampling_rounds (dynamic sampling), sampling/* (vLLM's
 log-probs against the trainer's), step_seconds, generate_seconds, tokens_per_second, eval/accuracy_greedy; with fp16,
 grad_scaler/skipped_steps (optimizer steps of this step skipped because the scaled gradients overflowed float16;
-grad_norm averages the steps taken) and grad_scaler/scale; with a learned reward (reward_model.py), drift/kl
+grad_norm averages the steps taken) and grad_scaler/scale; with a learned reward (reward_models/outcome.py), drift/kl
 (KL(pi || pi_init) per completion, in nats: kl.sequence_kl) and drift/d = sqrt(drift/kl).
 
 When a reward function grades steps (process supervision, step_rewards.py), whatever the estimator:

@@ -17,14 +17,14 @@
     minigrpo reward-model --out runs/prm --loss step_labels --step-separator , # a PRM on the step checker's labels
 
 What it simplifies: one process, no checkpoints. Texts are tokenized as the GRPO trainer will score them (prompt +
-completion, no special tokens added; reward_model.py), not as TRL's RewardTrainer does (it appends eos and adds the
+completion, no special tokens added; reward_models/), not as TRL's RewardTrainer does (it appends eos and adds the
 tokenizer's special tokens, while TRL's GRPOTrainer scores without them): a reward model is trained on what it reads.
 
 A data format is an entry of REWARD_OBJECTIVES: how a row becomes the texts it scores and its targets, how a batch
 of token ids becomes scores, and the loss on them. "step_labels" is a process reward model's (Math-Shepherd, TRL's
 former PRMTrainer): rows {"prompt", "completions": [step, ...], "labels": [bool, ...]}, each step followed by the
 score token `step_separator`, the labels at those tokens (-100 elsewhere), cross-entropy of a two-class token head
-(preference/step_labels.py). The text is process_reward_model.prm_text's, so the saved model drops into
+(preference/step_labels.py). The text is reward_models.process.prm_text's, so the saved model drops into
 ProcessRewardModel (same score token, same chat template or none) and scores what it was trained on.
 """
 
@@ -49,9 +49,9 @@ from .persistence.run_log import write_config
 from .preference import (bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc,
                          step_label_loss)
 from .preference.step_labels import IGNORE_INDEX
-from .process_reward_model import ProcessRewardModel, prm_text, score_token_id
+from .reward_models.process import ProcessRewardModel, prm_text, score_token_id
 from .prompts import completions_for_rewards
-from .reward_model import RewardModel, reward_texts, sequence_scores
+from .reward_models.outcome import RewardModel, reward_texts, sequence_scores
 from .run import claim_output_dir, load_policy, make_optimizer, policy_path
 from .step_rewards import StepRewards
 from .tasks import get_task
@@ -110,7 +110,7 @@ class RewardObjective:
     examples: Callable[[dict], dict]
     loss: Callable
     scores: Callable = sequence_scores
-    encode: Callable | None = None  # None: the texts as reward_model.py reads them
+    encode: Callable | None = None  # None: the texts as reward_models/outcome.py reads them
     head: str = "sequence"
 
 
@@ -152,7 +152,7 @@ def _step_example(row: dict) -> dict:
 
 
 def _step_encode(tokenizer, example: dict, reward_cfg: "RewardConfig", chat_template_kwargs=None) -> list[list[int]]:
-    """The PRM's text (process_reward_model.prm_text: the prompt, each step followed by the score token), its token
+    """The PRM's text (reward_models.process.prm_text: the prompt, each step followed by the score token), its token
     ids, and example["token_labels"]: each step's label at its score token, IGNORE_INDEX everywhere else."""
     try:
         score_id = score_token_id(tokenizer, reward_cfg.step_separator)
@@ -195,7 +195,7 @@ REWARD_OBJECTIVES = {
 
 def encode_examples(objective: RewardObjective, tokenizer, rows: list[dict], max_length: int | None,
                     chat_template_kwargs: dict | None = None, reward_cfg: "RewardConfig | None" = None) -> list[dict]:
-    """Each row as its objective's example with "ids", the token ids of its texts as reward_model.py reads them
+    """Each row as its objective's example with "ids", the token ids of its texts as reward_models/outcome.py reads them
     (a PRM: as ProcessRewardModel reads them); rows with a text longer than max_length dropped (TRL)."""
     examples = []
     for row in rows:

@@ -30,7 +30,7 @@ import torch
 
 from .config import Config, ConfigError
 from .generation.engines import GenerateEngine, RolloutEngine
-from .judge import LLMJudge
+from .reward_models.judge import LLMJudge
 from .loading.models import (adapter_base, add_lora, enable_gradient_checkpointing, is_lora, is_quantized, load_model,
                      load_tokenizer, parameter_counts, peft_wrapping, prepare_tokenizer, save_policy)
 from .loading.peak_memory import peak_memory_bytes
@@ -39,7 +39,7 @@ from .mixed_precision import autocast_dtype, grad_scaler
 from .parallel import processes
 from .parallel.processes import say
 from .prompts import encode_prompts
-from .reward_model import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
+from .reward_models.outcome import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
 from .rewards import build_reward_funcs, reward_func_name
 from .sandbox.user_code import callable_name
 from .tasks import Task, get_task
@@ -353,7 +353,7 @@ def drop_long_prompts(rows: list[dict], prompt_lengths: list[int], max_prompt_le
 
 def resolve_reward_funcs(cfg: Config, task: Task, max_len: int, entries: list, device) -> list:
     """TRL's reward_funcs entries, each made a reward function: a callable as it is; a reward model's directory
-    (or hub id) or a loaded sequence-classification model, a RewardModel on the run's device (reward_model.py; a
+    (or hub id) or a loaded sequence-classification model, a RewardModel on the run's device (reward_models/; a
     RewardModel, RewardEnsemble or LLMJudge given is moved there); any other string, a name or "module:function"
     (rewards.build_reward_funcs)."""
     funcs = []

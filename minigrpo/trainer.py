@@ -23,7 +23,7 @@ What this loop simplifies, on purpose:
     old_logp = logp.detach() and the ratio is exactly 1 in value (its gradient is still the policy gradient).
   * The reference policy (beta > 0) is a frozen copy of the starting weights, made once; with LoRA it is the
     same model with its adapter switched off (models.py), so it costs no memory.
-  * With a learned reward (reward_model.py, judge.py) the drift from the start, KL(pi || pi_init) per completion
+  * With a learned reward (reward_models/) the drift from the start, KL(pi || pi_init) per completion
     and d = sqrt(KL), is logged each step (drift/kl, drift/d) from the same reference: with LoRA it is free but for
     one no-grad forward per batch; training all weights it costs a frozen copy of the model, as beta > 0 does (with
     sync_ref_model the reference moves, and the drift is measured from where it has moved to).

@@ -5,7 +5,7 @@ tries to close the judge's turn or forge its answer read as plain text."""
 import pytest
 import torch
 
-from minigrpo.judge import LLMJudge
+from minigrpo.reward_models.judge import LLMJudge
 from minigrpo.rewards import RewardError
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")  # conftest.py: one torch thread for this module

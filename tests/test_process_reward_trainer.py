@@ -11,7 +11,7 @@ import torch
 from minigrpo.cli import main
 from minigrpo.config import Config, ConfigError
 from minigrpo.preference import step_label_loss
-from minigrpo.process_reward_model import ProcessRewardModel
+from minigrpo.reward_models.process import ProcessRewardModel
 from minigrpo.reward_trainer import (RewardConfig, evaluate_process_reward_model, sample_step_labelled,
                                      step_labelled_row, task_step_checker, train_reward_model)
 from minigrpo.tasks import get_task

@@ -395,7 +395,7 @@ def qwen_model_card_scores(model, tokenizer, question: str, steps: list[str]) ->
 
 
 def test_split_steps():
-    from minigrpo.process_reward_model import split_steps
+    from minigrpo.reward_models.process import split_steps
 
     assert split_steps("Add 2 and 3.\n\n2 + 3 = 5.\n\n") == (["Add 2 and 3.", "2 + 3 = 5."], [14, 26])
     assert split_steps("a\n\n\n\nb") == (["a", "b"], [3, 6])
@@ -403,7 +403,7 @@ def test_split_steps():
 
 
 def test_a_process_reward_model_scores_steps_as_the_hub_convention_does(standin_prm):
-    from minigrpo.process_reward_model import ProcessRewardModel
+    from minigrpo.reward_models.process import ProcessRewardModel
 
     model, tokenizer = standin_prm
     prm = ProcessRewardModel(model, tokenizer, batch_size=2)  # 3 completions: a padded batch, then one alone
@@ -419,7 +419,7 @@ def test_a_process_reward_model_scores_steps_as_the_hub_convention_does(standin_
 def test_a_process_reward_model_trains_through_the_same_path(tmp_path, chat_model_dir, standin_prm):
     import test_tools_training as tools_test
 
-    from minigrpo.process_reward_model import ProcessRewardModel
+    from minigrpo.reward_models.process import ProcessRewardModel
     from minigrpo.trainer import train
 
     cfg = tools_test.config(tmp_path, chat_model_dir, advantage_estimator="process", max_steps=1)

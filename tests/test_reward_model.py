@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minigrpo.cli import main
-from minigrpo.reward_model import RewardModel, is_reward_model, load_reward_model
+from minigrpo.reward_models.outcome import RewardModel, is_reward_model, load_reward_model
 from minigrpo.rewards import RewardError, score_completions
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")  # conftest.py: one torch thread for this module
@@ -50,7 +50,7 @@ def test_completions_of_one_prompt_share_its_tokens_with_the_same_scores(reward_
     and values, and the scores are the padded forward's (the model's own logits at the last non-pad token) and TRL's.
     A text that ends in pad-token text (<pad> is token 0 here) is scored where the model scores it: at its last token
     that is not the pad token, as TRL's right-padded batch is."""
-    from minigrpo.reward_model import sequence_scores, shared_prefix_lengths, shared_prefix_scores
+    from minigrpo.reward_models.outcome import sequence_scores, shared_prefix_lengths, shared_prefix_scores
 
     rm = load_reward_model(reward_model_dir)
     prompts = ["12+34="] * 3 + ["987+654="] * 2 + ["5+6="]  # groups of 3, 2 and 1
@@ -204,7 +204,7 @@ def test_memory_counts_the_reward_model(reward_model_dir):
 
 
 def test_an_ensemble_scores_each_completion_by_its_members_minimum(reward_model_dir):
-    from minigrpo.reward_model import RewardEnsemble
+    from minigrpo.reward_models.outcome import RewardEnsemble
 
     first, second = load_reward_model(reward_model_dir), load_reward_model(reward_model_dir)
     with torch.no_grad():

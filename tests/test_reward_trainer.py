@@ -8,7 +8,7 @@ import torch
 
 from minigrpo.cli import main
 from minigrpo.config import Config, ConfigError
-from minigrpo.reward_model import load_reward_model
+from minigrpo.reward_models.outcome import load_reward_model
 from minigrpo.reward_trainer import (RewardConfig, evaluate_reward_model, labelled_pairs, sample_labelled,
                                      train_reward_model)
 from minigrpo.tasks import get_task

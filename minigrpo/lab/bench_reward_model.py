@@ -4,7 +4,7 @@ One process, one run. The policy samples one batch (--prompts x G completions of
 usual shape); then the same batch is scored, alternately, by
 
     minigrpo   reward_model.RewardModel, as the trainer calls it (rewards.score_completions): each prompt's
-               shared tokens computed once (reward_model.shared_prefix_scores)
+               shared tokens computed once (reward_models.outcome.shared_prefix_scores)
     padded     the same RewardModel, every text whole, in length chunks (RewardModel.score without prompts): the
                path before prefix sharing, and the one models it cannot take run
     TRL        GRPOTrainer._calculate_rewards, on a GRPOTrainer built with reward_funcs=[the same model]
@@ -32,7 +32,7 @@ from ..collect import collect_batch
 from ..generation.engines import GenerateEngine
 from ..loading.models import load_model_and_tokenizer
 from ..logprobs import LogprobForward
-from ..reward_model import load_reward_model
+from ..reward_models.outcome import load_reward_model
 from ..rewards import score_completions
 from ..tasks import get_task
 from .bench import Clock, _InOrder, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer

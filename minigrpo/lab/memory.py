@@ -173,7 +173,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
                      casts them: the embeddings, tied to the head, and the norms; tests/test_memory.py checks both
                      on a loaded model); plus a frozen reference copy without LoRA when beta > 0 or a reward is
                      learned (its drift is logged)
-        reward       each reward model of reward_funcs (reward_model.py): its weights in the dtype it was saved
+        reward       each reward model of reward_funcs (reward_models/outcome.py): its weights in the dtype it was saved
         models       in; it runs without gradient, so its activations are one forward's, freed before the update
         autocast     float32 weights trained under bf16 / fp16 (full fine-tuning, dtype float32): autocast's 16-bit
                      copy of every weight a matrix product uses, which the product keeps for backward (2 bytes x
@@ -197,7 +197,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
     Left out: the decode loop's KV cache while sampling (without vLLM), the CUDA context (~0.5 GB), allocator
     slack and fragmentation.
     """
-    from ..reward_model import is_reward_model
+    from ..reward_models.outcome import is_reward_model
     from ..tasks import get_task
 
     name = cfg.model_name_or_path
@@ -261,7 +261,7 @@ def recipe_floor(cfg, prompt_length: int = 200, gpu_bytes: int | None = None) ->
 
 def reward_model_bytes(name_or_path) -> int:
     """A reward model's weights in bytes, from its config (a model built on the meta device: no memory, no weights
-    read), in the dtype it was saved in, as reward_model.py loads it."""
+    read), in the dtype it was saved in, as reward_models/outcome.py loads it."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     config = AutoConfig.from_pretrained(str(name_or_path))
@@ -428,7 +428,7 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
     """Build one setup and run `steps` training steps; returns its parameter counts and peak memory.
 
     reward_model: a reward model of the policy's shape (its body under a scalar head, in `dtype`) scores each step's
-    batch without gradient, as reward_model.py does, and the policy's start is kept for the drift (no copy with LoRA).
+    batch without gradient, as reward_models/ does, and the policy's start is kept for the drift (no copy with LoRA).
     Meant to run alone in a fresh process (`measure` does that): the peak is the process's, from its start.
     """
     from ..loading.models import add_lora, load_model, parameter_counts, reference_policy
@@ -484,7 +484,7 @@ def measure_setup(setup: str, model_dir: str, *, device: str = "cpu", dtype: str
 
 
 def _reward_model_of_shape(model_dir: str, device, dtype: str):
-    """The policy's body under a fresh scalar head: a reward model of the same shape (reward_model.py scores it)."""
+    """The policy's body under a fresh scalar head: a reward model of the same shape (reward_models/ scores it)."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 

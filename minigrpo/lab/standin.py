@@ -242,7 +242,7 @@ def make_standin_process_reward_model(out_dir, *, hidden_size: int = 64, num_lay
     separator whose position the PRM reads a score at; the model a `Qwen2ForTokenClassification` with two labels
     (per-token logits for "wrong" and "right", as Qwen2ForProcessRewardModel returns), random weights drawn with
     `seed`. Load it with AutoModelForTokenClassification and AutoTokenizer; score with
-    minigrpo.process_reward_model.ProcessRewardModel. Random weights: the scores mean nothing, the plumbing is real."""
+    minigrpo.reward_models.process.ProcessRewardModel. Random weights: the scores mean nothing, the plumbing is real."""
     import torch
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 

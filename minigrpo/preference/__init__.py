@@ -8,7 +8,7 @@ that folds the reward model into the policy, and TRL's preference data formats.
     step_labels.py     a process reward model's loss: cross-entropy of a right/wrong label at each step's separator
     overoptimization.py  best-of-n against a proxy, its KL, and Gao et al.'s forms of the gold reward's rise and fall
 
-The models these train, and the loops, are one floor up: reward_model.py, reward_trainer.py, dpo_trainer.py.
+The models these train, and the loops, are one floor up: reward_models/, reward_trainer.py, dpo_trainer.py.
 """
 
 from .bradley_terry import bradley_terry_loss, pairwise_accuracy, pointwise_bce_loss, roc_auc

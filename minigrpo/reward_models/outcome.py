@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from .logprobs import completion_hidden_states, length_chunks
-from .prompts import is_conversational
-from .rewards import RewardError
+from ..logprobs import completion_hidden_states, length_chunks
+from ..prompts import is_conversational
+from ..rewards import RewardError
 
 __all__ = ["RewardModel", "RewardEnsemble", "load_reward_model", "is_reward_model", "reward_texts", "sequence_scores",
            "shared_prefix_lengths", "shared_prefix_scores"]

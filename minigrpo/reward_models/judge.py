@@ -26,9 +26,9 @@ import re
 
 import torch
 
-from .prompts import is_conversational, left_pad
-from .rewards import RewardError, completion_text
-from .tools.template import encode_as_text
+from ..prompts import is_conversational, left_pad
+from ..rewards import RewardError, completion_text
+from ..tools.template import encode_as_text
 
 __all__ = ["LLMJudge", "JUDGE_SYSTEM", "JUDGE_QUESTION"]
 

@@ -31,8 +31,8 @@ import math
 
 import torch
 
-from .rewards import completion_text
-from .step_rewards import StepRewards
+from ..rewards import completion_text
+from ..step_rewards import StepRewards
 
 __all__ = ["ProcessRewardModel", "split_steps", "prm_text", "score_token_id"]
 
