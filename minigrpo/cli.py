@@ -218,8 +218,7 @@ def cmd_reward_model(argv: list[str]) -> int:
         held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, step accuracy "
                                                  f"{s['eval']['step_accuracy']:.3f}")
         print(f"process reward model ({s['loss']}, {s['train_rows']} rows, {s['steps']} steps){held_out}. Saved to "
-              f"{s['output_dir']}: reward_funcs=[ProcessRewardModel(model, tokenizer, score_token="
-              f"{reward_cfg.step_separator!r})] (reward_models/process.py)")
+              f"{s['output_dir']}: --reward-funcs {s['output_dir']} --advantage-estimator process")
         return 0
     held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, pairwise accuracy "
                                              f"{s['eval']['pairwise_accuracy']:.3f}")

@@ -49,7 +49,7 @@ from .persistence.run_log import write_config
 from .preference import (bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc,
                          step_label_loss)
 from .preference.step_labels import IGNORE_INDEX
-from .reward_models.process import ProcessRewardModel, prm_text, score_token_id
+from .reward_models.process import ProcessRewardModel, prm_text, save_prm_settings, score_token_id
 from .prompts import completions_for_rewards
 from .reward_models.outcome import RewardModel, reward_texts, sequence_scores
 from .run import claim_output_dir, load_policy, make_optimizer, policy_path
@@ -272,6 +272,12 @@ def task_step_checker(task) -> Callable:
     return lambda prompt, completion: scratchpad_steps(prompt, completion, grade_missing=False)
 
 
+def prm_split(cfg: Config) -> str | None:
+    """The name (reward_models.process.step_splits) of the cut a PRM trained on the task's own samples scores the
+    policy's text with: think_addition's scratchpad; None (cut on the separator) for rows from a dataset."""
+    return "think_addition" if not cfg.dataset_name and cfg.task == "think_addition" else None
+
+
 def labelled_pairs(labelled: list[dict], seed: int = 0) -> list[dict]:
     """Preference rows from labelled ones: per prompt, right paired with wrong (preference.pair_right_with_wrong)."""
     by_prompt = defaultdict(list)
@@ -389,6 +395,8 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
                "output_dir": str(out)}
     save_reward_model(model, tokenizer, out, base=policy_path(cfg, get_task(cfg.task)), dtype=cfg.dtype,
                       num_labels=2 if per_token else 1, per_token=per_token)
+    if per_token:  # how GRPO reads it back (--reward-funcs DIR): the score token, and the task's cut of its steps
+        save_prm_settings(out, score_token=reward_cfg.step_separator, split=prm_split(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

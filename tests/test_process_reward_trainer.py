@@ -7,11 +7,13 @@ import math
 
 import pytest
 import torch
+from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from minigrpo.cli import main
 from minigrpo.config import Config, ConfigError
 from minigrpo.preference import step_label_loss
-from minigrpo.reward_models.process import ProcessRewardModel
+from minigrpo.reward_models import load_reward_model
+from minigrpo.reward_models.process import PRM_SETTINGS, ProcessRewardModel
 from minigrpo.reward_trainer import (RewardConfig, evaluate_process_reward_model, sample_step_labelled,
                                      step_labelled_row, task_step_checker, train_reward_model)
 from minigrpo.tasks import get_task
@@ -140,8 +142,26 @@ def test_the_cli_samples_labels_steps_and_trains_a_prm(tmp_path, capsys):
                  "--per-device-train-batch-size", "16", "--learning-rate", "1e-3"]) == 0
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert printed.startswith("process reward model (step_labels, 16 rows, 1 steps): held-out AUC ")
-    assert "ProcessRewardModel" in printed
+    assert printed.endswith(f"--reward-funcs {out} --advantage-estimator process")
     assert json.loads((out / "summary.json").read_text())["eval"]["num_steps"] > 0
+    # What the print says works: the directory is a step reward in GRPO, read as notebook 11 builds it by hand
+    prm = load_reward_model(str(out))
+    assert isinstance(prm, ProcessRewardModel) and prm.split is scratchpad_split and prm.score_token == ","
+    by_hand = ProcessRewardModel(AutoModelForTokenClassification.from_pretrained(out), AutoTokenizer.from_pretrained(out),
+                                 score_token=",", split=scratchpad_split)
+    completions = ["<think>1+6=7,7+8=15,4+5+1=10</think>1057", "<think>1+6=7,7+8=16</think>99"]
+    for a, b in zip(prm(["741+316="] * 2, completions), by_hand(["741+316="] * 2, completions)):
+        assert list(a.ends) == list(b.ends) == scratchpad_split(completions[len(a.ends) == 3])[1]
+        assert a.rewards == pytest.approx(b.rewards, abs=1e-6)
+    assert main(["train", "--reward-funcs", str(out), "--advantage-estimator", "process", "--out",
+                 str(tmp_path / "grpo"), "--max-steps=1", "--num-generations=4", "--generation-batch-size=16",
+                 "--eval-steps=0", "--eval-limit=8", "--eval-num-samples=0", "--save-model=false"]) == 0
+    line = json.loads((tmp_path / "grpo" / "metrics.jsonl").read_text())
+    assert 0 < line["process/step_accuracy"] < 1  # the PRM's step scores, as step rewards
+    # A settings file cannot name code to run: only the cuts of step_splits()
+    (out / PRM_SETTINGS).write_text(json.dumps({"score_token": ",", "split": "os:system"}))
+    with pytest.raises(ValueError, match="split 'os:system' is none of"):
+        load_reward_model(str(out))
 
 
 @pytest.mark.parametrize("peft", [{"use_peft": True}, {"use_peft": True, "load_in_4bit": True}], ids=["lora", "qlora"])

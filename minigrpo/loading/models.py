@@ -103,6 +103,21 @@ def prepare_tokenizer(tokenizer):
     return tokenizer
 
 
+@contextlib.contextmanager
+def _quiet_new_head(quiet: bool):
+    """While inside (when quiet), transformers' load report stays silent: a classifier started from a causal LM's
+    body is meant to get a new head, and the report's "MISSING ... newly initialized" would read as a fault."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     device: str | torch.device = "cpu",
@@ -139,7 +154,8 @@ def load_model(
         if per_token:  # a token classifier's head ("score") stays in dtype, as the causal LM's output head does
             kwargs["quantization_config"].llm_int8_skip_modules = ["score", "classifier"]
     try:
-        model = model_class.from_pretrained(name, **kwargs)
+        with _quiet_new_head(bool(num_labels)):
+            model = model_class.from_pretrained(name, **kwargs)
     except OSError as exc:
         raise _unfetchable(name, exc) from exc
     if not load_in_4bit:

@@ -39,6 +39,7 @@ import torch
 from ..logprobs import completion_hidden_states, length_chunks
 from ..prompts import is_conversational
 from ..rewards import RewardError
+from .process import PRM_SETTINGS, load_process_reward_model
 
 __all__ = ["RewardModel", "RewardEnsemble", "load_reward_model", "is_reward_model", "reward_texts", "sequence_scores",
            "shared_prefix_lengths", "shared_prefix_scores"]
@@ -212,14 +213,18 @@ def is_reward_model(entry) -> bool:
 
 
 def load_reward_model(entry, device: str | torch.device = "cpu", *, tokenizer=None,
-                      chat_template_kwargs: dict | None = None) -> RewardModel:
+                      chat_template_kwargs: dict | None = None):
     """A RewardModel from a directory saved with save_pretrained (a hub id where the hub is reachable) or from a
     loaded model (its tokenizer loaded from the model's name_or_path unless given, as TRL does). Loaded as TRL
-    loads it, AutoModelForSequenceClassification in the dtype it was saved in, then placed on `device`."""
+    loads it, AutoModelForSequenceClassification in the dtype it was saved in, then placed on `device`. A directory
+    holding process_reward_model.json (a PRM `minigrpo reward-model --loss step_labels` saved) gives its
+    ProcessRewardModel instead (process.load_process_reward_model): step rewards, for advantage_estimator process."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if isinstance(entry, torch.nn.Module):
         model, source = entry, getattr(entry.config, "_name_or_path", None)
+    elif (Path(str(entry)).expanduser() / PRM_SETTINGS).is_file():  # a process reward model minigrpo trained
+        return load_process_reward_model(Path(str(entry)).expanduser(), device)
     else:
         source = _checked_directory(str(entry))
         try:
@@ -265,8 +270,8 @@ def _checked_directory(name: str) -> str:
     architectures = json.loads(config.read_text()).get("architectures") or ["(no architectures in config.json)"]
     if not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise RewardError(f"reward_funcs: {name} is a {architectures[0]}, not a sequence-classification model (a "
-                          f"reward model is an AutoModelForSequenceClassification with num_labels=1; `minigrpo "
-                          f"reward-model` trains one)")
+                          f"reward model is an AutoModelForSequenceClassification with num_labels=1, a process reward "
+                          f"model a token classifier with {PRM_SETTINGS}; `minigrpo reward-model` trains either)")
     return str(path)
 
 

@@ -27,14 +27,19 @@ is not cut (give the PRM a max_completion_length it can read); `positive_label` 
 (Qwen: 1); a score token in the prompt is skipped (the last len(steps) score tokens are the steps').
 """
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
 from ..rewards import completion_text
 from ..step_rewards import StepRewards
 
-__all__ = ["ProcessRewardModel", "split_steps", "prm_text", "score_token_id"]
+__all__ = ["ProcessRewardModel", "split_steps", "prm_text", "score_token_id", "save_prm_settings",
+           "load_process_reward_model", "PRM_SETTINGS"]
+
+PRM_SETTINGS = "process_reward_model.json"  # beside a trained PRM's weights: how to read it back (reward_trainer.py)
 
 QWEN_PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -135,3 +140,36 @@ class ProcessRewardModel:
                 p = (p + [math.nan] * len(steps))[:len(steps)]
             rewards.append(StepRewards(p, ends))
         return rewards
+
+
+def step_splits() -> dict:
+    """The ways of cutting the policy's text into steps a saved PRM may name (besides its separator): a fixed table,
+    so a model directory can never name code to run."""
+    from ..tasks.think_addition import scratchpad_split
+
+    return {"think_addition": scratchpad_split}
+
+
+def save_prm_settings(out, *, score_token: str, separator: str = "\n\n", system: str | None = QWEN_PRM_SYSTEM,
+                      split: str | None = None) -> None:
+    """Write out/process_reward_model.json: what ProcessRewardModel needs besides the weights (its arguments of the
+    same names; split: a name of step_splits(), or None to cut on the separator)."""
+    if split is not None and split not in step_splits():
+        raise ValueError(f"split: {split!r} is none of {sorted(step_splits())}")
+    settings = {"score_token": score_token, "separator": separator, "system": system, "split": split}
+    (Path(out) / PRM_SETTINGS).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def load_process_reward_model(directory, device="cpu", **kwargs) -> ProcessRewardModel:
+    """The ProcessRewardModel a `minigrpo reward-model --loss step_labels` run saved in `directory` (its weights as
+    AutoModelForTokenClassification, its tokenizer, process_reward_model.json), on `device`; kwargs override the
+    saved settings (batch_size, positive_label, ...). `--reward-funcs DIR` with a PRM's directory lands here."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    settings = json.loads((Path(directory) / PRM_SETTINGS).read_text())
+    split = settings.pop("split", None)
+    if split is not None and split not in step_splits():
+        raise ValueError(f"{directory}/{PRM_SETTINGS}: split {split!r} is none of {sorted(step_splits())}")
+    model = AutoModelForTokenClassification.from_pretrained(directory, dtype="auto").to(device).eval()
+    return ProcessRewardModel(model, AutoTokenizer.from_pretrained(directory),
+                              split=step_splits()[split] if split else None, **{**settings, **kwargs})
