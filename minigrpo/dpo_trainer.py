@@ -27,7 +27,7 @@ from .logprobs import completion_logprobs
 from .parallel import processes
 from .persistence.run_log import write_config
 from .preference import dpo_loss, preference_pair
-from .prompts import encode_prompts, left_pad
+from .prompts import encode_prompts, left_pad, right_pad
 from .reward_trainer import UNSUPPORTED, epoch_batches
 from .rewards import completion_text
 from .run import finish_run, load_run, make_optimizer
@@ -66,9 +66,7 @@ def sequence_logprobs(model, tokenizer, encoded: list[dict]) -> torch.Tensor:
     prompts = [e["prompt_ids"] for e in encoded] * 2
     completions = [e["chosen_ids"] for e in encoded] + [e["rejected_ids"] for e in encoded]
     prompt_ids, prompt_mask = left_pad(prompts, tokenizer.pad_token_id)  # (2P, P_max)
-    width = max(map(len, completions))
-    completion_ids = torch.tensor([c + [tokenizer.pad_token_id] * (width - len(c)) for c in completions])
-    completion_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions])  # (2P, T)
+    completion_ids, completion_mask = right_pad(completions, tokenizer.pad_token_id)  # (2P, T)
     logp, _ = completion_logprobs(model, prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device),
                                   completion_mask.to(device))  # (2P, T), 0 on padding
     return logp.sum(-1)

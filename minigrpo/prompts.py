@@ -24,7 +24,8 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["is_conversational", "prompt_text", "completion_text", "encode_prompts", "left_pad", "completions_for_rewards"]
+__all__ = ["is_conversational", "prompt_text", "completion_text", "encode_prompts", "left_pad", "right_pad",
+           "completions_for_rewards"]
 
 
 def is_conversational(prompt) -> bool:
@@ -73,6 +74,14 @@ def left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.LongTensor, torch
     P = max(len(row) for row in ids)
     input_ids = torch.tensor([[pad_id] * (P - len(row)) + row for row in ids], dtype=torch.long)
     attention_mask = torch.tensor([[0] * (P - len(row)) + [1] * len(row) for row in ids], dtype=torch.long)
+    return input_ids, attention_mask
+
+
+def right_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """B lists of ids -> (input_ids, attention_mask), both (B, T), right-padded so every row starts at column 0."""
+    T = max(len(row) for row in ids)
+    input_ids = torch.tensor([row + [pad_id] * (T - len(row)) for row in ids], dtype=torch.long)
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (T - len(row)) for row in ids], dtype=torch.long)
     return input_ids, attention_mask
 
 

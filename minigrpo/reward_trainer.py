@@ -354,7 +354,8 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
         train_rows, eval_rows = load_rows(cfg, reward_cfg, device)
     objective = REWARD_OBJECTIVES[reward_cfg.loss]
     per_token = objective.head == "token"
-    model, tokenizer = load_policy(cfg, policy_path(cfg, get_task(cfg.task)), device, num_labels=2 if per_token else 1,
+    num_labels = 2 if per_token else 1  # a PRM's two classes per token, a reward model's one score per text
+    model, tokenizer = load_policy(cfg, policy_path(cfg, get_task(cfg.task)), device, num_labels=num_labels,
                                    per_token=per_token)
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id  # where the model finds the last token
     examples = encode_examples(objective, tokenizer, train_rows, reward_cfg.max_length, cfg.chat_template_kwargs,
@@ -367,7 +368,7 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
                                           [p for p in model.parameters() if p.requires_grad])
     if per_token:  # read back exactly as GRPO will read it
         judge = lambda: evaluate_process_reward_model(  # noqa: E731
-            ProcessRewardModel(model.eval(), tokenizer, score_token=reward_cfg.step_separator), eval_rows)
+            ProcessRewardModel(model, tokenizer, score_token=reward_cfg.step_separator), eval_rows)
     else:
         judge = lambda: evaluate_reward_model(RewardModel(model, tokenizer, name="rm"), eval_rows)  # noqa: E731
     write_config(out, cfg.to_dict(), algorithm="reward_model", reward=reward_cfg.to_dict())
@@ -394,7 +395,7 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
                "wall_seconds": round(time.perf_counter() - t_start, 2), "eval": judge() if eval_rows else None,
                "output_dir": str(out)}
     save_reward_model(model, tokenizer, out, base=policy_path(cfg, get_task(cfg.task)), dtype=cfg.dtype,
-                      num_labels=2 if per_token else 1, per_token=per_token)
+                      num_labels=num_labels, per_token=per_token)
     if per_token:  # how GRPO reads it back (--reward-funcs DIR): the score token, and the task's cut of its steps
         save_prm_settings(out, score_token=reward_cfg.step_separator, split=prm_split(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

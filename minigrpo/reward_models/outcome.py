@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ..logprobs import completion_hidden_states, length_chunks
-from ..prompts import is_conversational
+from ..prompts import is_conversational, left_pad, right_pad
 from ..rewards import RewardError
 from .process import PRM_SETTINGS, load_process_reward_model
 
@@ -183,11 +183,8 @@ def shared_prefix_scores(model, pad_token_id: int, ids: list[list[int]], prefix_
     if not all(prefixes):  # an empty prefix would be a prompt row with no token to attend to
         return None
     rests = [row[len(prefix):end] + [pad_token_id] for row, prefix, end in zip(ids, prefixes, ends)]  # + placeholder
-    P, T = max(map(len, prefixes)), max(map(len, rests))
-    prompt_ids = torch.tensor([[pad_token_id] * (P - len(x)) + x for x in prefixes], device=device)  # (N, P) left
-    prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in prefixes], device=device)
-    rest_ids = torch.tensor([x + [pad_token_id] * (T - len(x)) for x in rests], device=device)  # (N, T) right
-    rest_mask = torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in rests], device=device)
+    prompt_ids, prompt_mask = (x.to(device) for x in left_pad(prefixes, pad_token_id))  # (N, P) each
+    rest_ids, rest_mask = (x.to(device) for x in right_pad(rests, pad_token_id))  # (N, T) each
     hidden = completion_hidden_states(decoder, model.config, prompt_ids, prompt_mask, rest_ids, rest_mask)  # (N, T, H)
     last = torch.tensor([len(x) - 1 for x in rests], device=device)  # the placeholder's index: h[last] predicts it
     return model.score(hidden[torch.arange(len(ids), device=device), last])[:, 0]  # (N,)

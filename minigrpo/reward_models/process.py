@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..prompts import right_pad
 from ..rewards import completion_text
 from ..step_rewards import StepRewards
 
@@ -102,7 +103,8 @@ class ProcessRewardModel:
                  system: str | None = QWEN_PRM_SYSTEM, positive_label: int = 1, batch_size: int = 16,
                  split=None):
         self.score_id = score_token_id(tokenizer, score_token)
-        self.model, self.tokenizer, self.separator, self.score_token = model, tokenizer, separator, score_token
+        self.model = model.eval()  # scored without gradient, as RewardModel and LLMJudge are
+        self.tokenizer, self.separator, self.score_token = tokenizer, separator, score_token
         self.system, self.positive_label, self.batch_size = system, positive_label, batch_size
         self.split = split or (lambda text: split_steps(text, separator))
         self.__name__ = "process_reward_model"
@@ -118,10 +120,8 @@ class ProcessRewardModel:
         out = []
         for start in range(0, len(texts), self.batch_size):
             encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[start:start + self.batch_size]]
-            width = max(len(ids) for ids in encoded)
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in encoded], device=device)
-            attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in encoded], device=device)
+            input_ids, attention_mask = (x.to(device) for x in right_pad(encoded, pad))  # (B, L) each
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)
             logits = output.logits if hasattr(output, "logits") else output[0]  # (B, L, 2)
             probabilities = logits.float().softmax(-1)[..., self.positive_label]  # (B, L)
@@ -170,6 +170,6 @@ def load_process_reward_model(directory, device="cpu", **kwargs) -> ProcessRewar
     split = settings.pop("split", None)
     if split is not None and split not in step_splits():
         raise ValueError(f"{directory}/{PRM_SETTINGS}: split {split!r} is none of {sorted(step_splits())}")
-    model = AutoModelForTokenClassification.from_pretrained(directory, dtype="auto").to(device).eval()
+    model = AutoModelForTokenClassification.from_pretrained(directory, dtype="auto").to(device)
     return ProcessRewardModel(model, AutoTokenizer.from_pretrained(directory),
                               split=step_splits()[split] if split else None, **{**settings, **kwargs})

@@ -143,8 +143,8 @@ def scratchpad_split(completion: str) -> tuple[list[str], list[int]]:
 
     A step's text is the completion's own, text[ends[k-1]:ends[k]]; with "," as the PRM's score token the PRM reads
     the policy's text with a "," after ``</think>`` and after the answer. The ends are scratchpad_steps'
-    with grade_missing=False, so its rewards are the labels of these steps (reward_trainer.step_labelled_rows)."""
-    _, ends, scratch_end = _written_columns(completion)
+    with grade_missing=False, so its rewards are the labels of these steps (reward_trainer.step_labelled_row)."""
+    _, ends, _ = _written_columns(completion)
     ends = ends + [len(completion)]
     starts = [0, *ends[:-1]]
     return [completion[a:b] for a, b in zip(starts, ends)], ends
