@@ -135,8 +135,8 @@ def _pass_function(side: str, model, ids):
     return one_pass
 
 
-def _matmul_flops(one_pass) -> int:
-    """The matrix-multiply FLOPs of one pass (torch's FlopCounterMode: matmuls and attention, not elementwise
+def matmul_flops(one_pass) -> int:
+    """The matrix-multiply FLOPs of one_pass() (torch's FlopCounterMode: matmuls and attention, not elementwise
     work). An in-place addmm_ (the head's weight gradient in older checkouts) is counted like addmm."""
     from torch.utils import flop_counter
 
@@ -179,7 +179,7 @@ def run_side(job: dict) -> dict:
             result["wall"].append(time.perf_counter() - wall)
             result["cpu"].append(time.process_time() - cpu)
         if job.get("flops"):
-            result["flops"] = _matmul_flops(one_pass)
+            result["flops"] = matmul_flops(one_pass)
         return result
     from minigrpo.loading.peak_memory import PeakMemory
 

@@ -36,6 +36,7 @@ from ..reward_models.outcome import load_reward_model
 from ..rewards import score_completions
 from ..tasks import get_task
 from .bench import Clock, _InOrder, build_model_dir, make_trl_trainer, minigrpo_step, task_tokenizer
+from .bench_logprobs import matmul_flops
 
 __all__ = ["main"]
 
@@ -87,11 +88,11 @@ def step_flops(rm, trainer, model, tokenizer, optimizer, task, cfg, rows, device
     """Floating-point operations of one more GRPO step, and of each scorer and of the drift's forward on that
     step's own batch (the scorers' figures are then shares of the same batch)."""
     step = {}
-    flops = {"step": count_flops(lambda: step.update(minigrpo_step(model, tokenizer, optimizer, task, cfg, rows, [rm],
+    flops = {"step": matmul_flops(lambda: step.update(minigrpo_step(model, tokenizer, optimizer, task, cfg, rows, [rm],
                                                                    device)))}
     batch = step["inputs"]
-    flops.update({side: count_flops(scorer) for side, scorer in scorers_of(rm, trainer, batch).items()})
-    flops["drift"] = count_flops(lambda: drift_forward_time(model, batch, cfg))
+    flops.update({side: matmul_flops(scorer) for side, scorer in scorers_of(rm, trainer, batch).items()})
+    flops["drift"] = matmul_flops(lambda: drift_forward_time(model, batch, cfg))
     return flops
 
 
@@ -120,16 +121,6 @@ class TimedReward:
         scores = self.rm(prompts, completions, **row)
         self.last = clock.stop()
         return scores
-
-
-def count_flops(fn) -> int:
-    """Floating-point operations of fn() as torch counts them: matrix multiplies (and attention where torch has a
-    formula for the kernel, not the CPU's); no elementwise ops."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 def main(args) -> int:
