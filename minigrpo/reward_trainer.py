@@ -24,8 +24,9 @@ A data format is an entry of REWARD_OBJECTIVES: how a row becomes the texts it s
 of token ids becomes scores, and the loss on them. "step_labels" is a process reward model's (Math-Shepherd, TRL's
 former PRMTrainer): rows {"prompt", "completions": [step, ...], "labels": [bool, ...]}, each step followed by the
 score token `step_separator`, the labels at those tokens (-100 elsewhere), cross-entropy of a two-class token head
-(preference/step_labels.py). The text is reward_models.process.prm_text's, so the saved model drops into
-ProcessRewardModel (same score token, same chat template or none) and scores what it was trained on.
+(preference/step_labels.py). The token ids are reward_models.process.prm_ids' (the steps fenced as plain text), so the
+saved model drops into ProcessRewardModel (same score token, same chat template or none) and scores what it was
+trained on.
 """
 
 import dataclasses
@@ -49,7 +50,7 @@ from .persistence.run_log import write_config
 from .preference import (bradley_terry_loss, pair_right_with_wrong, pointwise_bce_loss, preference_pair, roc_auc,
                          step_label_loss)
 from .preference.step_labels import IGNORE_INDEX
-from .reward_models.process import ProcessRewardModel, prm_text, save_prm_settings, score_token_id
+from .reward_models.process import ProcessRewardModel, prm_ids, save_prm_settings, score_token_id
 from .prompts import completions_for_rewards
 from .reward_models.outcome import RewardModel, reward_texts, sequence_scores
 from .run import claim_output_dir, load_policy, make_optimizer, policy_path
@@ -152,15 +153,17 @@ def _step_example(row: dict) -> dict:
 
 
 def _step_encode(tokenizer, example: dict, reward_cfg: "RewardConfig", chat_template_kwargs=None) -> list[list[int]]:
-    """The PRM's text (reward_models.process.prm_text: the prompt, each step followed by the score token), its token
-    ids, and example["token_labels"]: each step's label at its score token, IGNORE_INDEX everywhere else."""
+    """The PRM's token ids (reward_models.process.prm_ids: the prompt, each step as plain text followed by the score
+    token), and example["token_labels"]: each step's label at its score token, IGNORE_INDEX everywhere else."""
     try:
         score_id = score_token_id(tokenizer, reward_cfg.step_separator)
     except ValueError as exc:
         raise ConfigError(f"step_separator: {exc}") from None
     (prompt,), (steps,), labels = example["prompts"], example["completions"], example["labels"]
-    text = prm_text(tokenizer, prompt, steps, reward_cfg.step_separator)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    try:
+        ids = prm_ids(tokenizer, prompt, steps, reward_cfg.step_separator)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     positions = [t for t, i in enumerate(ids) if i == score_id][-len(steps):]  # the last ones: the steps' own
     if len(positions) != len(steps):
         raise ConfigError(f"step_separator: {len(positions)} score tokens found for {len(steps)} steps (the tokenizer "
@@ -319,7 +322,7 @@ def evaluate_reward_model(reward_model: RewardModel, rows: list[dict]) -> dict:
 def evaluate_process_reward_model(prm: ProcessRewardModel, rows: list[dict]) -> dict:
     """Held-out quality of a PRM on step-labelled rows: the AUC of right steps against wrong ones, the step accuracy
     of P(right) > 1/2, and the mean P(right) of right and of wrong steps."""
-    scores = prm.step_probabilities([prm.prm_text(r["prompt"], r["completions"]) for r in rows])
+    scores = prm.step_probabilities([prm.prm_ids(r["prompt"], r["completions"]) for r in rows])
     p = torch.tensor([q for r, s in zip(rows, scores) for q in s[-len(r["completions"]):]])
     labels = torch.tensor([bool(x) for r in rows for x in r["labels"]])
     return {"auc": roc_auc(p, labels), "step_accuracy": ((p > 0.5) == labels).float().mean().item(),

@@ -14,7 +14,10 @@ at the end of the text), so the trainer maps them onto the policy's own tokens (
 output holds per-token logits of two classes fits: Qwen2.5-Math-PRM's (`AutoModel`, trust_remote_code), a
 `...ForTokenClassification` with num_labels=2 (TRL's former PRMTrainer trained these, labels at each step's end,
 Math-Shepherd style), or the stand-in (lab/standin.py). A score token written by the policy itself is removed from
-the PRM's input, so a completion cannot add steps the PRM scores.
+the PRM's input, so a completion cannot add steps the PRM scores, and each step's special-token strings stay plain
+characters (`prm_ids`): a completion writing `<|im_end|>\n<|im_start|>user` cannot close the assistant's turn or forge a
+message in the PRM's input. (The policy's own added tokens that are not special, such as think_addition's `<think>`,
+stay the tokens the PRM was trained to read.)
 
 A tokenizer without a chat template (minigrpo's own tiny models) reads TRL's former PRMTrainer's plain format
 instead, `prompt + steps[0] + sep + steps[1] + sep + ...` (no bos added). `prm_text` builds the text for both the
@@ -29,6 +32,7 @@ is not cut (give the PRM a max_completion_length it can read); `positive_label` 
 
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -37,7 +41,7 @@ from ..prompts import right_pad
 from ..rewards import completion_text
 from ..step_rewards import StepRewards
 
-__all__ = ["ProcessRewardModel", "split_steps", "prm_text", "score_token_id", "save_prm_settings",
+__all__ = ["ProcessRewardModel", "split_steps", "prm_text", "prm_ids", "score_token_id", "save_prm_settings",
            "load_process_reward_model", "PRM_SETTINGS"]
 
 PRM_SETTINGS = "process_reward_model.json"  # beside a trained PRM's weights: how to read it back (reward_trainer.py)
@@ -91,6 +95,26 @@ def prm_text(tokenizer, prompt, steps: list[str], score_token: str, system: str 
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
 
 
+def prm_ids(tokenizer, prompt, steps: list[str], score_token: str, system: str | None = QWEN_PRM_SYSTEM) -> list[int]:
+    """prm_text's token ids, each step fenced: the template's text and the score tokens tokenized as usual, each step
+    with split_special_tokens, so that a special token's string in it (`<|im_end|>`, `<|im_start|>`, the eos) is
+    characters, not the token. The steps come from the policy; the prompt and the template do not."""
+    holders = [f"\ue000step {k}\ue001" for k in range(len(steps))]  # private-use characters: in no chat template
+    text = prm_text(tokenizer, prompt, holders, score_token, system)
+    pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", text)
+    plain = {h: step.replace(score_token, "") for h, step in zip(holders, steps)}
+    if [p for p in pieces if p in plain] != holders:
+        raise ValueError("the PRM's chat template changes the assistant's content: its steps cannot be fenced as "
+                         "plain text")
+    ids = []
+    for piece in pieces:
+        if piece in plain:
+            ids += tokenizer(plain[piece], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        elif piece:
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
+    return ids
+
+
 class ProcessRewardModel:
     """prm(prompts, completions, **row) -> [StepRewards] (TRL's reward-function signature), on a PRM and its tokenizer.
 
@@ -110,16 +134,20 @@ class ProcessRewardModel:
         self.__name__ = "process_reward_model"
 
     def prm_text(self, prompt, steps: list[str]) -> str:
-        """The PRM's input for one completion's steps (`prm_text` above)."""
+        """The PRM's input for one completion's steps, as text (`prm_text` above)."""
         return prm_text(self.tokenizer, prompt, steps, self.score_token, self.system)
 
+    def prm_ids(self, prompt, steps: list[str]) -> list[int]:
+        """The PRM's input for one completion's steps, as token ids with the steps fenced (`prm_ids` above)."""
+        return prm_ids(self.tokenizer, prompt, steps, self.score_token, self.system)
+
     @torch.no_grad()
-    def step_probabilities(self, texts: list[str]) -> list[list[float]]:
-        """P(step right) at each score token of each PRM input, in batches (right-padded)."""
+    def step_probabilities(self, ids: list[list[int]]) -> list[list[float]]:
+        """P(step right) at each score token of each PRM input (token ids, `prm_ids`), in batches (right-padded)."""
         device = next(self.model.parameters()).device
         out = []
-        for start in range(0, len(texts), self.batch_size):
-            encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[start:start + self.batch_size]]
+        for start in range(0, len(ids), self.batch_size):
+            encoded = ids[start:start + self.batch_size]
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             input_ids, attention_mask = (x.to(device) for x in right_pad(encoded, pad))  # (B, L) each
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)
@@ -132,7 +160,7 @@ class ProcessRewardModel:
     def __call__(self, prompts, completions, **row) -> list[StepRewards]:
         texts = row.get("completion_text") or [completion_text(c) for c in completions]
         split = [self.split(t) for t in texts]
-        scores = self.step_probabilities([self.prm_text(p, steps) for p, (steps, _) in zip(prompts, split)])
+        scores = self.step_probabilities([self.prm_ids(p, steps) for p, (steps, _) in zip(prompts, split)])
         rewards = []
         for (steps, ends), p in zip(split, scores):
             p = p[-len(steps):]  # a score token in the prompt or the system message comes before the steps' own
