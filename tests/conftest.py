@@ -1,5 +1,26 @@
+import os
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    """The suite in several processes (README: `pytest -n auto --dist loadfile`, pytest-xdist; each test file in one
+    worker, so its module fixtures are built once): each worker's torch gets its share of the cores, not all of them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+@pytest.fixture(autouse=True)
+def no_run_plots(request, monkeypatch):
+    """A finished run draws its plots/ (six PNGs, about a second of CPU: a sixth of a short test run). Here only
+    tests marked `run_plots` draw them, those that read them; test_plots.py draws every figure. (Runs in notebook
+    kernels and subprocesses draw them as usual.)"""
+    if request.node.get_closest_marker("run_plots") is None:
+        import minigrpo.lab.plots
+
+        monkeypatch.setattr(minigrpo.lab.plots, "plot_runs", lambda *args, **kwargs: [])
 
 
 @pytest.fixture(scope="session")

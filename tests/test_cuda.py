@@ -52,14 +52,6 @@ def completion_tokens(device) -> int:
     return 128 if device.type == "cuda" else 16
 
 
-@pytest.fixture(autouse=True)
-def no_plots(monkeypatch):
-    """A finished run draws its plots (seconds each on a busy CPU); nothing here reads them."""
-    import minigrpo.lab.plots
-
-    monkeypatch.setattr(minigrpo.lab.plots, "plot_runs", lambda *args, **kwargs: None)
-
-
 @pytest.fixture(scope="module")
 def standin(device, tmp_path_factory):
     """The stand-in's directory: Qwen2.5-0.5B's shape on CUDA, a toy one on the CPU (MINIGRPO_STANDIN_DIR: built)."""

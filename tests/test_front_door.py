@@ -271,6 +271,7 @@ def test_ctrl_c_stops_in_one_line_and_the_printed_command_resumes_exactly(tmp_pa
     assert metrics(run) == metrics(reference)
 
 
+@pytest.mark.run_plots  # plots/ is one of the run's results it names
 def test_a_second_run_into_a_used_folder_is_refused_and_changes_nothing(tmp_path, capsys, one_thread):
     run = tmp_path / "run"
     assert main(["train", *SMALL, "--max-steps", "1", "--out", str(run)]) == 0

@@ -17,6 +17,8 @@ from minigrpo.lab.plots import (  # noqa: E402
     plot_memory, plot_run_overview, plot_surrogate, plot_token_heatmap, plot_token_ratios,
 )
 
+pytestmark = pytest.mark.run_plots  # plot_runs itself, not skipped here (tests/conftest.py)
+
 METRICS = [  # three logged steps; eval at steps 2 and 3
     {"step": 1, "step_seconds": 1.5, "reward": 0.2, "frac_reward_zero_std": 0.5, "entropy": 1.0, "advantages": [1.0, -1.0, 0.0],
      "completions/mean_length": 10.0, "completions/mean_length_correct": 20.0, "completions/mean_length_incorrect": 5.0},

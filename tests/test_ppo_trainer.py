@@ -32,6 +32,7 @@ def run(tmp_path, model_dir, ppo=None, name="run", funcs=(always_half,), **overr
     return summary, lines
 
 
+@pytest.mark.run_plots  # reads plots/
 @pytest.mark.parametrize("ppo", [PPOConfig(), PPOConfig(num_ppo_epochs=2, num_mini_batches=2, kl_coef=0.05, lam=1.0,
                                                         whiten_advantages=False, critic_learning_rate=None)],
                          ids=["defaults", "epochs-minibatches-kl"])

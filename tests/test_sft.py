@@ -50,6 +50,7 @@ def test_sft_batch_uses_the_given_target_completion():
     assert all(t.startswith("<think>") and not t.startswith("<think></think>") for t in texts), texts
 
 
+@pytest.mark.run_plots  # reads plots/
 def test_train_sft_lowers_the_loss_and_writes_a_run(tmp_path, random_model_dir):
     cfg = Config(task="addition", output_dir=str(tmp_path / "sft"), model_name_or_path=str(random_model_dir),
                  max_steps=30, learning_rate=3e-3, eval_steps=15, eval_num_problems=5, eval_limit=5)

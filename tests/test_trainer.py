@@ -26,6 +26,7 @@ def always_half(prompts, completions, **row):
     return [float(i % 2) for i in range(len(completions))]
 
 
+@pytest.mark.run_plots  # reads plots/
 @pytest.mark.parametrize(
     "overrides",
     [
