@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+import minigrpo.lab.plots
 import minigrpo.logprobs
 import minigrpo.trainer
 from minigrpo.config import load_config
@@ -96,6 +97,7 @@ if __name__ == "__main__":
     head_calls = []
     head_logprobs = minigrpo.logprobs.head_logprobs
     minigrpo.logprobs.head_logprobs = lambda *args, **kwargs: head_calls.append(1) or head_logprobs(*args, **kwargs)
+    minigrpo.lab.plots.plot_runs = lambda *args, **kwargs: []  # the run's plots/: nothing here reads them
     make_optimizer = minigrpo.trainer.make_optimizer
     minigrpo.trainer.make_optimizer = lambda *args: made.append(make_optimizer(*args)) or made[-1]
     cfg = load_config(None, dict(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4,

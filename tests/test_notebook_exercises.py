@@ -13,8 +13,8 @@ This checks that the exercises run, not the numbers they predict (fast mode trai
 exercises share one kernel (scripts/run_notebooks.py, `ExerciseKernel`), which saves starting a kernel and
 importing torch, transformers and minigrpo once per exercise; each exercise still starts from an empty namespace, in
 a working directory of its own, with a fresh kernel's warnings filters and torch settings, as the last test here
-checks. An exercise whose cells register something by name gets a kernel of its own. About three minutes on 2 CPU
-cores.
+checks. An exercise whose cells register something by name gets a kernel of its own. About 8 minutes on one
+worker of a 2-core machine (the suite's longest file).
 """
 
 import sys

@@ -2,8 +2,8 @@
 
 The kernel imports minigrpo from this checkout (scripts/run_notebooks.py sets PYTHONPATH), which the first cell's
 version printout (the checkout's commit, not its path) lets us check. Fast mode trains for a few steps only; the
-whole file takes about a minute and a half on 2 CPU cores. Other tests check that the committed notebooks carry
-the outputs of a full run, and that numbers the prose quotes are the numbers those outputs print.
+whole file takes about 5 minutes on one worker of a 2-core machine. Other tests check that the committed notebooks
+carry the outputs of a full run, and that numbers the prose quotes are the numbers those outputs print.
 """
 
 import re
