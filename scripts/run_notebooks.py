@@ -39,19 +39,40 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def execute_notebook(path: Path, *, fast: bool, timeout: int = 1800, threads: int | None = None,
-                     workdir: Path | None = None, notebook: nbformat.NotebookNode | None = None
-                     ) -> nbformat.NotebookNode:
+                     workdir: Path | None = None, notebook: nbformat.NotebookNode | None = None,
+                     run_plots: bool = True) -> nbformat.NotebookNode:
     """Run every cell of the notebook at `path` in a new python3 kernel; raises on the first failing cell.
 
     fast: MINIGRPO_FAST=1 for the kernel. timeout: seconds per cell. threads: OMP_NUM_THREADS for the kernel
     (None: inherit). workdir: the kernel's working directory, where live runs are written (default: the
     notebook's folder). notebook: run this (e.g. an exercise's edited copy) instead of the file at `path`.
+    run_plots: False for the tests: the runs the notebook trains do not draw their plots/ (`_NO_RUN_PLOTS`).
     """
     notebook = nbformat.read(path, as_version=4) if notebook is None else notebook
     with kernel_environment(fast=fast, threads=threads):
         client = notebook_client(notebook, timeout=timeout, workdir=workdir or path.parent)
-        client.execute()
+        if run_plots:
+            client.execute()
+            return notebook
+        with client.setup_kernel():
+            run_outside_the_notebook(client, _NO_RUN_PLOTS)
+            execute_cells(client, notebook)
     return notebook
+
+
+def execute_cells(client: NotebookClient, notebook: nbformat.NotebookNode) -> None:
+    """Every cell of `notebook`, in place, in the client's started kernel, numbered from 1."""
+    client.nb = notebook
+    client.reset_execution_trackers()
+    for index, cell in enumerate(notebook.cells):
+        client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+
+
+def run_outside_the_notebook(client: NotebookClient, source: str) -> None:
+    """`source` in the client's started kernel as a cell of its own, outside any notebook and not stored in In/Out."""
+    cell = nbformat.v4.new_code_cell(source)
+    client.nb = nbformat.v4.new_notebook(cells=[cell])
+    client.execute_cell(cell, 0, store_history=False)
 
 
 def notebook_client(notebook: nbformat.NotebookNode, *, timeout: int, workdir: Path) -> NotebookClient:
@@ -105,6 +126,16 @@ del _take_fresh_state
 # Run in an ExerciseKernel before each notebook: IPython's namespace emptied (%reset: names, In/Out and what they
 # held), then a fresh kernel's working directory, warnings filters and torch settings (RNG state, threads, default
 # dtype, grad mode).
+# For the tests: a run the notebook trains ends without drawing its plots/ (six PNGs, about a second of CPU per run,
+# a third of a short fast-mode run); the notebooks draw their own figures. tests/conftest.py does the same in-process.
+_NO_RUN_PLOTS = """
+def _no_run_plots():
+    import minigrpo.lab.plots
+    minigrpo.lab.plots.plot_runs = lambda *args, **kwargs: []
+_no_run_plots()
+del _no_run_plots
+"""
+
 _FRESH_START = """
 def _fresh_start(workdir):
     import gc, os, sys, warnings
@@ -148,13 +179,14 @@ class ExerciseKernel:
         kernel.close()
     """
 
-    def __init__(self, *, fast: bool, timeout: int = 1800, threads: int | None = None, workdir: Path):
+    def __init__(self, *, fast: bool, timeout: int = 1800, threads: int | None = None, workdir: Path,
+                 run_plots: bool = True):
         self.client = notebook_client(nbformat.v4.new_notebook(), timeout=timeout, workdir=workdir)
         self._kernel = contextlib.ExitStack()
         with kernel_environment(fast=fast, threads=threads):
             self._kernel.enter_context(self.client.setup_kernel())
         try:
-            self._run_harness(_TAKE_FRESH_STATE)
+            run_outside_the_notebook(self.client, _TAKE_FRESH_STATE if run_plots else _TAKE_FRESH_STATE + _NO_RUN_PLOTS)
         except BaseException:
             self.close()
             raise
@@ -170,11 +202,8 @@ class ExerciseKernel:
         if not self.alive:
             raise RuntimeError("this kernel was shut down (a notebook failed in it, or close() was called)")
         try:
-            self._run_harness(_FRESH_START.format(workdir=str(workdir)))
-            self.client.nb = notebook
-            self.client.reset_execution_trackers()
-            for index, cell in enumerate(notebook.cells):
-                self.client.execute_cell(cell, index, execution_count=self.client.code_cells_executed + 1)
+            run_outside_the_notebook(self.client, _FRESH_START.format(workdir=str(workdir)))
+            execute_cells(self.client, notebook)
         except BaseException:
             self.close()
             raise
@@ -183,12 +212,6 @@ class ExerciseKernel:
     def close(self) -> None:
         """Shut the kernel down; a second call does nothing."""
         self._kernel.close()
-
-    def _run_harness(self, source: str) -> None:
-        # Outside the notebook and its history: a cell of its own, not stored in In/Out.
-        cell = nbformat.v4.new_code_cell(source)
-        self.client.nb = nbformat.v4.new_notebook(cells=[cell])
-        self.client.execute_cell(cell, 0, store_history=False)
 
 
 # Code that changes a module's state for later cells, which an ExerciseKernel does not undo.

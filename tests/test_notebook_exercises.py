@@ -13,7 +13,8 @@ This checks that the exercises run, not the numbers they predict (fast mode trai
 exercises share one kernel (scripts/run_notebooks.py, `ExerciseKernel`), which saves starting a kernel and
 importing torch, transformers and minigrpo once per exercise; each exercise still starts from an empty namespace, in
 a working directory of its own, with a fresh kernel's warnings filters and torch settings, as the last test here
-checks. An exercise whose cells register something by name gets a kernel of its own. About 8 minutes on one
+checks. An exercise whose cells register something by name gets a kernel of its own. The runs an exercise trains
+do not draw their plots/ (`run_plots=False`; nothing reads them). About 8 minutes on one
 worker of a 2-core machine (the suite's longest file).
 """
 
@@ -69,7 +70,8 @@ def notebook_kernel(tmp_path_factory):
             for other in started.values():
                 other.close()
             started.clear()
-            started[path] = ExerciseKernel(fast=True, timeout=600, threads=1, workdir=tmp_path_factory.mktemp("kernel"))
+            started[path] = ExerciseKernel(fast=True, timeout=600, threads=1, workdir=tmp_path_factory.mktemp("kernel"),
+                                           run_plots=False)
         return started[path]
 
     yield kernel
@@ -85,7 +87,8 @@ def test_exercise_runs_as_written(path, exercise, tmp_path, notebook_kernel):
     if shares_kernel_safely(edited):
         executed = notebook_kernel(path).run(edited, workdir=tmp_path)
     else:  # its registrations would outlive it in a shared kernel: one of its own
-        executed = execute_notebook(path, fast=True, timeout=600, threads=1, workdir=tmp_path, notebook=edited)
+        executed = execute_notebook(path, fast=True, timeout=600, threads=1, workdir=tmp_path, notebook=edited,
+                                    run_plots=False)
     code_cells = [c for c in executed.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code_cells), "a code cell did not run"
     assert not any(o["output_type"] == "error" for c in code_cells for o in c.get("outputs", []))
@@ -119,7 +122,7 @@ def test_exercises_sharing_a_kernel_see_nothing_of_each_other(tmp_path):
     failing = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0")])
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
-    kernel = ExerciseKernel(fast=True, timeout=600, threads=1, workdir=tmp_path)
+    kernel = ExerciseKernel(fast=True, timeout=600, threads=1, workdir=tmp_path, run_plots=False)  # as above
     try:
         seen_first = _printed(kernel.run(first, workdir=tmp_path / "first"))
         assert _printed(kernel.run(second, workdir=tmp_path / "second")) == seen_first
