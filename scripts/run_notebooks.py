@@ -123,9 +123,6 @@ _take_fresh_state()
 del _take_fresh_state
 """
 
-# Run in an ExerciseKernel before each notebook: IPython's namespace emptied (%reset: names, In/Out and what they
-# held), then a fresh kernel's working directory, warnings filters and torch settings (RNG state, threads, default
-# dtype, grad mode).
 # For the tests: a run the notebook trains ends without drawing its plots/ (six PNGs, about a second of CPU per run,
 # a third of a short fast-mode run); the notebooks draw their own figures. tests/conftest.py does the same in-process.
 _NO_RUN_PLOTS = """
@@ -136,6 +133,9 @@ _no_run_plots()
 del _no_run_plots
 """
 
+# Run in an ExerciseKernel before each notebook: IPython's namespace emptied (%reset: names, In/Out and what they
+# held), then a fresh kernel's working directory, warnings filters and torch settings (RNG state, threads, default
+# dtype, grad mode).
 _FRESH_START = """
 def _fresh_start(workdir):
     import gc, os, sys, warnings
@@ -177,6 +177,8 @@ class ExerciseKernel:
         kernel = ExerciseKernel(fast=True, threads=1, workdir=tmp_dir)
         kernel.run(edited, workdir=tmp_dir_of_this_exercise)   # raises CellExecutionError like execute_notebook
         kernel.close()
+
+    run_plots=False (the tests): the runs the notebooks train do not draw their plots/, as in execute_notebook.
     """
 
     def __init__(self, *, fast: bool, timeout: int = 1800, threads: int | None = None, workdir: Path,

@@ -15,8 +15,8 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def no_run_plots(request, monkeypatch):
     """A finished run draws its plots/ (six PNGs, about a second of CPU: a sixth of a short test run). Here only
-    tests marked `run_plots` draw them, those that read them; test_plots.py draws every figure. (Runs in notebook
-    kernels and subprocesses draw them as usual.)"""
+    tests marked `run_plots` draw them, those that read them; test_plots.py draws every figure. (The notebook tests'
+    kernels and tests/distributed_run.py skip them the same way; other subprocesses draw them.)"""
     if request.node.get_closest_marker("run_plots") is None:
         import minigrpo.lab.plots
 

@@ -22,13 +22,11 @@ An answer word that is not one token of the judge's vocabulary cannot be read fr
 refused in one line.
 """
 
-import re
-
 import torch
 
 from ..prompts import is_conversational, left_pad
 from ..rewards import RewardError, completion_text
-from ..tools.template import encode_as_text
+from ..tools.template import encode_as_text, ids_with_plain_holders
 
 __all__ = ["LLMJudge", "JUDGE_SYSTEM", "JUDGE_QUESTION"]
 
@@ -72,17 +70,11 @@ class LLMJudge:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                   **self.chat_template_kwargs)
         plain = {_HOLDERS[0]: _prompt_text(prompt), _HOLDERS[1]: completion_text(completion)}
-        pieces = re.split("(" + "|".join(map(re.escape, _HOLDERS)) + ")", text)
-        if sorted(p for p in pieces if p in plain) != sorted(_HOLDERS):
+        try:
+            return ids_with_plain_holders(self.tokenizer, text, plain, lambda x: encode_as_text(self.tokenizer, x))
+        except ValueError:
             raise RewardError(f"{self.__name__}: the chat template changes a message's content; the completion "
-                              f"cannot be fenced as plain text")
-        ids = []
-        for piece in pieces:
-            if piece in plain:
-                ids += encode_as_text(self.tokenizer, plain[piece]) if plain[piece] else []
-            elif piece:
-                ids += self.tokenizer(piece, add_special_tokens=False)["input_ids"]
-        return ids
+                              f"cannot be fenced as plain text") from None
 
     @torch.inference_mode()
     def __call__(self, prompts, completions, **row) -> list[float]:

@@ -32,7 +32,6 @@ is not cut (give the PRM a max_completion_length it can read); `positive_label` 
 
 import json
 import math
-import re
 from pathlib import Path
 
 import torch
@@ -40,6 +39,7 @@ import torch
 from ..prompts import right_pad
 from ..rewards import completion_text
 from ..step_rewards import StepRewards
+from ..tools.template import ids_with_plain_holders
 
 __all__ = ["ProcessRewardModel", "split_steps", "prm_text", "prm_ids", "score_token_id", "save_prm_settings",
            "load_process_reward_model", "PRM_SETTINGS"]
@@ -101,18 +101,13 @@ def prm_ids(tokenizer, prompt, steps: list[str], score_token: str, system: str |
     characters, not the token. The steps come from the policy; the prompt and the template do not."""
     holders = [f"\ue000step {k}\ue001" for k in range(len(steps))]  # private-use characters: in no chat template
     text = prm_text(tokenizer, prompt, holders, score_token, system)
-    pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", text)
     plain = {h: step.replace(score_token, "") for h, step in zip(holders, steps)}
-    if [p for p in pieces if p in plain] != holders:
+    try:
+        return ids_with_plain_holders(tokenizer, text, plain, lambda step: tokenizer(
+            step, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    except ValueError:
         raise ValueError("the PRM's chat template changes the assistant's content: its steps cannot be fenced as "
-                         "plain text")
-    ids = []
-    for piece in pieces:
-        if piece in plain:
-            ids += tokenizer(plain[piece], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        elif piece:
-            ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
-    return ids
+                         "plain text") from None
 
 
 class ProcessRewardModel:

@@ -28,7 +28,8 @@ import re
 
 from ..errors import ConfigError
 
-__all__ = ["prompt_ids_with_tools", "tool_suffix_ids", "encode_as_text", "added_token_strings"]
+__all__ = ["prompt_ids_with_tools", "tool_suffix_ids", "encode_as_text", "added_token_strings",
+           "ids_with_plain_holders"]
 
 
 def prompt_ids_with_tools(tokenizer, prompt, schemas: list[dict] | None,
@@ -103,13 +104,27 @@ def _ids_with_plain_contents(tokenizer, dummy: list[dict], tool_messages: list[d
     holders = [f"\ue000{i}\ue001" for i in range(len(tool_messages))]  # private-use characters: in no template
     with_holders = [{**m, "content": h} for m, h in zip(tool_messages, holders, strict=True)]
     text = tokenizer.apply_chat_template(dummy + with_holders, tokenize=False, add_generation_prompt=True, **kwargs)
-    pieces = re.split("(" + "|".join(map(re.escape, holders)) + ")", text)
-    if sorted(p for p in pieces if p in holders) != sorted(holders):
-        raise ConfigError("tools: the chat template changes a tool message's content; cannot tokenize it as plain text")
+    plain = {h: m["content"] for h, m in zip(holders, tool_messages)}
+    try:
+        return ids_with_plain_holders(tokenizer, text, plain, lambda content: encode_as_text(tokenizer, content))
+    except ValueError:
+        raise ConfigError("tools: the chat template changes a tool message's content; cannot tokenize it as plain "
+                          "text") from None
+
+
+def ids_with_plain_holders(tokenizer, text: str, plain: dict[str, str], encode_plain) -> list[int]:
+    """The ids of `text`, a chat template's rendering in which each key of `plain` (a placeholder of private-use
+    characters) stands, once and in order, for text from outside: a tool's output, a completion. The template's own
+    text is tokenized as usual, each placeholder's text with encode_plain(text) (ids in which no control string is a
+    token), so that text cannot end a turn or forge a message. A ValueError if the template dropped, repeated or
+    reordered a placeholder (it changed the content: nothing can be fenced then)."""
+    pieces = re.split("(" + "|".join(map(re.escape, plain)) + ")", text)
+    if [p for p in pieces if p in plain] != list(plain):
+        raise ValueError("the chat template changes a message's content")
     ids = []
     for piece in pieces:
-        if piece in holders:
-            ids += encode_as_text(tokenizer, tool_messages[holders.index(piece)]["content"])
+        if piece in plain:
+            ids += encode_plain(plain[piece]) if plain[piece] else []
         elif piece:
             ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
     return ids
