@@ -157,13 +157,14 @@ def test_reasoning_gyms_countdown_scorer_runs_code_but_only_in_the_worker(mix, t
 
 
 def test_a_hanging_or_crashing_third_party_scorer_is_a_counted_failure(mix):
-    """reasoning-gym's countdown scorer on 9**9**9**9 and 10^5 nested parentheses (sympy), in the worker."""
+    """reasoning-gym's countdown scorer on 9**9**9**9 and 10^5 nested parentheses (sympy), in the worker. (4 s a
+    call: a restarted worker's first call timed out at 2 s once, with every core busy running the suite.)"""
     row = next(r for r in mix[0] if r["entry"]["metadata"]["source_dataset"] == "countdown")
     take_failed_count()
     start = time.monotonic()
     results = call_isolated(rg_task.SCORER, [(HOSTILE["huge power"], row["entry"], {}),
                                              (HOSTILE["deep nesting"], row["entry"], {}),
-                                             (row["answer"], row["entry"], {})], timeout=2.0)
+                                             (row["answer"], row["entry"], {})], timeout=4.0)
     assert time.monotonic() - start < 20
     assert results[2].value == 1.0  # the worker was restarted, and the batch went on
     failed = sum(not r.ok for r in results)
