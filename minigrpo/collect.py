@@ -98,6 +98,7 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     if "token_stats" in needs:
         say("log pi and sum pi^2 of the sampled tokens (the sampling policy, no gradient)")
         token_stats = _token_stats(cfg, policy, batch)
+        batch.old_logp = token_stats[0]  # log pi_old, taken once: the update's ratio reads it too (prepare_update)
     batch.adv, batch.zero_std = _advantages(cfg, batch, G, reward_weights, greedy_rewards, token_stats,
                                             step_func=next(iter(graded_steps), None))
     return batch

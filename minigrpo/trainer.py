@@ -213,6 +213,7 @@ def prepare_update(cfg: Config, inputs: Batch, policy, ref_policy, autocast, dri
     bug, for teaching), less truncated completions with mask_truncated_completions (DAPO). Old log-probs are
     computed once per batch and only when they can differ from the current policy's (with vLLM always: its
     log-probs are compared with ours before any update, as TRL does); the policy that sampled has no dropout.
+    A batch that arrives with them (the optimal token baseline's estimator read them in collect_batch) keeps them.
     Reference log-probs: for the KL term (beta > 0), and for the drift from the start (drift: a learned reward).
     policy, ref_policy: LogprobForward(model) (and of the reference, or None), or their engines' (parallel/)."""
     inputs.loss_mask = inputs.completion_mask if cfg.train_on_tool_output else inputs.policy_mask
@@ -223,7 +224,10 @@ def prepare_update(cfg: Config, inputs: Batch, policy, ref_policy, autocast, dri
     policy.eval()
     with torch.no_grad(), autocast():
         options = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, share_prompts=cfg.shared_prefix)
-        inputs.old_logp = policy(*ids, **options)[0] if needs_old else None
+        if not needs_old:
+            inputs.old_logp = None
+        elif inputs.old_logp is None:  # else collect_batch took them already (an estimator that reads pi_old)
+            inputs.old_logp = policy(*ids, **options)[0]
         use_ref = (cfg.beta > 0 and not cfg.kl_in_reward) or drift
         inputs.ref_logp = ref_policy(*ids, **options)[0] if use_ref else None
     # vLLM sampled: its log-probs against ours, and TRL's importance weight on each token (engine_mismatch.py).

@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python scripts/bench_baselines.py                  # the shipped think_addition model
     OMP_NUM_THREADS=1 python scripts/bench_baselines.py --steps 10 --prompts 16 --num-generations 8
+    OMP_NUM_THREADS=1 python scripts/bench_baselines.py --num-iterations 2  # two passes: old log-probs needed
 
 One process, one model: the estimators take turns (grpo, remax, optimal_token_baseline, grpo, ...) so that they see
 the same machine load, each step timed in two parts:
@@ -9,7 +10,9 @@ the same machine load, each step timed in two parts:
     rollout   collect_batch: sample, score, advantages. ReMax decodes one more row per prompt (its greedy
               completion, in the same prompt pass and decode steps) and scores it; the optimal token baseline runs
               one no-grad forward of the policy for log pi_old and sum pi^2 (logprobs.py, the head in blocks).
-    update    prepare_update + grpo_update: identical work for the three (the greedy rows are not trained on).
+    update    prepare_update + grpo_update: identical work for the three (the greedy rows are not trained on),
+              but with --num-iterations > 1: then prepare_update runs a no-grad forward for log pi_old, which the
+              optimal token baseline's batch already carries (its estimator read them).
 
 The first --warmup rounds are not counted. Wall and CPU time (process_time; the steadier on a shared machine) are
 printed as means over the timed steps and as ratios to grpo's. Each step is also one optimizer step, at a learning
@@ -50,6 +53,7 @@ def main() -> None:
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--steps", type=int, default=8, help="timed steps per estimator")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--num-iterations", type=int, default=1, help="passes over each batch (old log-probs when > 1)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -57,7 +61,8 @@ def main() -> None:
     task = get_task(args.task)
     model, tokenizer = load_model_and_tokenizer(task.model_dir)
     configs = {name: Config(task=args.task, advantage_estimator=name, num_generations=args.num_generations,
-                            generation_batch_size=args.prompts * args.num_generations, learning_rate=1e-6)
+                            generation_batch_size=args.prompts * args.num_generations, learning_rate=1e-6,
+                            num_iterations=args.num_iterations)
                for name in ESTIMATORS}
     max_len = task.max_completion_length
     reward_funcs = build_reward_funcs(configs["grpo"].reward_funcs, task, max_len)
@@ -66,13 +71,17 @@ def main() -> None:
     optimizer, _ = make_optimizer(configs["grpo"], model.parameters())
     times = {name: {"rollout": [], "update": [], "rollout_cpu": [], "update_cpu": []} for name in ESTIMATORS}
     print(f"{args.task}: {args.prompts} prompts x G = {args.num_generations}, max {max_len} tokens, "
-          f"{torch.get_num_threads()} torch thread(s); {args.warmup} warm-up round(s), {args.steps} timed")
+          f"num_iterations {args.num_iterations}, {torch.get_num_threads()} torch thread(s); {args.warmup} warm-up "
+          f"round(s), {args.steps} timed")
+
+    def update(cfg, batch):
+        inputs, _ = prepare_update(cfg, batch, LogprobForward(model), None, contextlib.nullcontext)
+        return grpo_update(LogprobForward(model), optimizer, inputs, cfg, max_completion_length=max_len)
+
     for round_ in range(args.warmup + args.steps):
         for name, cfg in configs.items():
             batch, wall, cpu = timed(lambda: collect_batch(cfg, engine, sampler, reward_funcs, [1.0], max_len, model))
-            inputs, _ = prepare_update(cfg, batch, LogprobForward(model), None, contextlib.nullcontext)
-            _, wall_u, cpu_u = timed(lambda: grpo_update(LogprobForward(model), optimizer, inputs, cfg,
-                                                         max_completion_length=max_len))
+            _, wall_u, cpu_u = timed(lambda: update(cfg, batch))
             if round_ >= args.warmup:
                 for key, value in (("rollout", wall), ("rollout_cpu", cpu), ("update", wall_u), ("update_cpu", cpu_u)):
                     times[name][key].append(value)

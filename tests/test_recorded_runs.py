@@ -57,6 +57,7 @@ CASES = {
     "adv-population-batch": dict(std_type="population", scale_rewards="batch", **TWO_REWARDS,
                                  reward_weights=[1.0, 0.5]),
     "adv-gdpo": dict(multi_objective_aggregation="normalize_then_sum", **TWO_REWARDS),
+    "adv-optimal_token_baseline": dict(advantage_estimator="optimal_token_baseline", **OFF_POLICY),
     "gfpo": dict(num_generations=8, generation_batch_size=32, num_remains_in_group=4, gfpo_filter="token_efficiency"),
     "dynamic_sampling": dict(loss_type="dapo", dynamic_sampling=True, max_dynamic_sampling_rounds=3),
     "overlong": dict(loss_type="dapo", reward_funcs=["correctness", "overlong"], overlong_buffer_len=8,

@@ -5,6 +5,7 @@ advantage estimators REINFORCE++, OPO, GRPO pass@k, pass@k training, GPG, GDPO, 
 baseline, with their degenerate groups. Then Config's checks on their fields, and two training steps of each.
 """
 
+import contextlib
 import itertools
 import math
 
@@ -443,6 +444,25 @@ def test_optimal_token_baseline_degenerate_groups():
     # a NaN reward is left out (advantage 0); the others compare among themselves
     adv = optimal_token_baseline_advantages(torch.tensor([1.0, math.nan, 0.0, 0.0]), logp, 0.5 * ones, ones, 4)
     assert torch.isfinite(adv).all() and (adv[1] == 0).all() and adv[0, 0] > 0 > adv[2, 0]
+
+
+def test_the_update_reuses_the_old_log_probs_the_estimator_read():
+    # collect_batch hands the batch on with the log pi_old the optimal token baseline read; with two passes the update
+    # needs them too (the ratio) and keeps them instead of running the policy again. In one pass it needs none.
+    from minigrpo.batch import Batch
+    from minigrpo.trainer import prepare_update
+
+    def policy(*ids, **options):
+        raise AssertionError("the policy ran a second old-policy forward")
+
+    policy.eval = lambda: None
+    old_logp = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.9]]))
+    ids = torch.ones(2, 2, dtype=torch.long)
+    for num_iterations, kept in ((2, old_logp), (1, None)):
+        batch = Batch.of_completions(ids, ids, ids, ids, torch.tensor([1.0, -1.0]), old_logp=old_logp)
+        cfg = Config(advantage_estimator="optimal_token_baseline", num_iterations=num_iterations)
+        inputs, _ = prepare_update(cfg, batch, policy, None, contextlib.nullcontext)
+        assert inputs.old_logp is kept
 
 
 def test_estimators_that_need_more_than_rewards_say_so():
