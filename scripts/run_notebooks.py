@@ -160,7 +160,7 @@ class ExerciseKernel:
 
     Starting a kernel, importing torch, transformers and minigrpo in it and paying for their first use (the modules
     they import lazily, say) takes seconds, often more than an exercise's own cells in fast mode; the exercise tests
-    pay it once per notebook instead of once per exercise. Before each notebook the kernel's namespace is emptied
+    pay it once instead of once per exercise. Before each notebook the kernel's namespace is emptied
     (IPython's reset: a cell cannot read a name an earlier notebook defined, and what those names held is freed),
     its working directory is the one given (live runs are written there, so no notebook sees another's run
     folders), and warnings filters and torch's settings (RNG state, threads, default dtype, grad mode) are a fresh

@@ -1,6 +1,7 @@
-"""A short training run for tests/test_distributed.py, the same under `accelerate launch` with W processes and
-under plain `python` (W = 1): `python tests/distributed_run.py OUT_DIR LOSS_TYPE [KEY=VALUE ...]` (more Config
-settings, e.g. fsdp=full_shard use_peft=true).
+"""A short training run for tests/test_distributed.py, the same under `accelerate launch` or `torchrun` with W
+processes and under plain `python` (W = 1): `python tests/distributed_run.py OUT_DIR LOSS_TYPE [KEY=VALUE ...]` (more
+Config settings, e.g. fsdp=full_shard use_peft=true). The tests make their one-process runs by calling `run` in their
+own process.
 
 Sampling would make the runs differ (W processes draw from W random generators), so the completions here are
 scripted: fixed by the prompt and the place in its group, of different lengths (so the token-count
@@ -17,10 +18,12 @@ run trained with, and how many
 times the output head ran in blocks (logprobs.head_logprobs) rather than as full logits.
 """
 
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import minigrpo.lab.plots
 import minigrpo.logprobs
@@ -53,9 +56,9 @@ def place_and_length(prompts, completions, completion_ids, **row):
     return [(i % 4) / 3 + 0.05 * len(ids) for i, ids in enumerate(completion_ids)]
 
 
-def plant_overflow(step: int) -> None:
-    """At the step-th optimizer step, rank 0 writes inf into the first element of its gradient of the first trained
-    parameter: under FSDP2 a part of the gradient no other process holds."""
+def plant_overflow(step: int):
+    """A replacement for trainer.optimizer_step: at the step-th optimizer step, rank 0 writes inf into the first element
+    of its gradient of the first trained parameter: under FSDP2 a part of the gradient no other process holds."""
     import math
 
     optimizer_step, calls = minigrpo.trainer.optimizer_step, []
@@ -68,7 +71,7 @@ def plant_overflow(step: int) -> None:
             (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = math.inf
         return optimizer_step(optimizer, parameters, *args, **kwargs)
 
-    minigrpo.trainer.optimizer_step = planted
+    return planted
 
 
 def digit_steps(prompts, completions, **row):
@@ -88,23 +91,30 @@ def held_elements(optimizer) -> dict:
             "optimizer_steps": steps}
 
 
-if __name__ == "__main__":
-    out, loss_type = sys.argv[1], sys.argv[2]
-    extra = dict(arg.split("=", 1) for arg in sys.argv[3:])
-    if "plant_overflow_step" in extra:
-        plant_overflow(int(extra.pop("plant_overflow_step")))
+def run(out: str, loss_type: str, *settings: str) -> None:
+    """Train the run into `out` (settings: KEY=VALUE, as on the command line). The tests call it in their own process
+    for W = 1 (no interpreter to start); the patches below are undone when it returns."""
+    extra = dict(arg.split("=", 1) for arg in settings)
     made = []  # the run's (optimizer, scheduler), kept to count what this process holds at the end
     head_calls = []
-    head_logprobs = minigrpo.logprobs.head_logprobs
-    minigrpo.logprobs.head_logprobs = lambda *args, **kwargs: head_calls.append(1) or head_logprobs(*args, **kwargs)
-    minigrpo.lab.plots.plot_runs = lambda *args, **kwargs: []  # the run's plots/: nothing here reads them
-    make_optimizer = minigrpo.trainer.make_optimizer
-    minigrpo.trainer.make_optimizer = lambda *args: made.append(make_optimizer(*args)) or made[-1]
-    cfg = load_config(None, dict(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4,
-                                 generation_batch_size=16, learning_rate=1e-3, eval_steps=0, eval_limit=8,
-                                 eval_num_samples=1, save_model=True, **extra))
-    reward = digit_steps if cfg.advantage_estimator == "process" else place_and_length
-    minigrpo.trainer.train(cfg, reward_funcs=[reward], progress=False,
-                           engine_factory=lambda model, tokenizer: ScriptedEngine(tokenizer))
+    head_logprobs, make_optimizer = minigrpo.logprobs.head_logprobs, minigrpo.trainer.make_optimizer
+    with contextlib.ExitStack() as patches:
+        patch = lambda module, name, new: patches.enter_context(mock.patch.object(module, name, new))  # noqa: E731
+        if "plant_overflow_step" in extra:
+            patch(minigrpo.trainer, "optimizer_step", plant_overflow(int(extra.pop("plant_overflow_step"))))
+        patch(minigrpo.logprobs, "head_logprobs",
+              lambda *args, **kwargs: head_calls.append(1) or head_logprobs(*args, **kwargs))
+        patch(minigrpo.lab.plots, "plot_runs", lambda *args, **kwargs: [])  # the run's plots/: nothing reads them
+        patch(minigrpo.trainer, "make_optimizer", lambda *args: made.append(make_optimizer(*args)) or made[-1])
+        cfg = load_config(None, dict(output_dir=out, loss_type=loss_type, max_steps=3, num_generations=4,
+                                     generation_batch_size=16, learning_rate=1e-3, eval_steps=0, eval_limit=8,
+                                     eval_num_samples=1, save_model=True, **extra))
+        reward = digit_steps if cfg.advantage_estimator == "process" else place_and_length
+        minigrpo.trainer.train(cfg, reward_funcs=[reward], progress=False,
+                               engine_factory=lambda model, tokenizer: ScriptedEngine(tokenizer))
     held = {**held_elements(made[0][0]), "head_calls": len(head_calls)}
     (Path(out) / f"shard-{os.environ.get('RANK', '0')}.json").write_text(json.dumps(held))
+
+
+if __name__ == "__main__":
+    run(*sys.argv[1:])

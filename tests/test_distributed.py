@@ -26,11 +26,8 @@ def free_port() -> int:
 
 
 def launch(args: list[str], env: dict, processes: int, launcher: str = "accelerate") -> None:
-    """Run `python ARGS` once (processes=1) or with `processes` CPU processes under `accelerate launch` or
-    `torchrun` (launcher)."""
-    if processes == 1:
-        command = [sys.executable, *args]
-    elif launcher == "torchrun":
+    """Run `python ARGS` with `processes` CPU processes under `accelerate launch` or `torchrun` (launcher)."""
+    if launcher == "torchrun":
         command = [*TORCHRUN, "--nproc-per-node", str(processes), "--master-port", str(free_port()), *args]
     else:
         command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
@@ -38,6 +35,14 @@ def launch(args: list[str], env: dict, processes: int, launcher: str = "accelera
     done = subprocess.run(command, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def run_one_process(out: Path, loss_type: str, *settings: str) -> None:
+    """distributed_run.py's run with W = 1, in this process (with the caller's one torch thread): the function the
+    W processes run, without starting an interpreter and importing torch and transformers (about 6 CPU seconds)."""
+    import distributed_run
+
+    distributed_run.run(str(out), loss_type, *settings)
 
 
 def metrics(run: Path) -> list[dict]:
@@ -55,7 +60,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
                                               ("grpo", ["advantage_estimator=process"])])  # (N, T) advantages
 def test_two_processes_match_one(tmp_path, one_thread, loss_type, extra):
     script = str(ROOT / "tests" / "distributed_run.py")
-    launch([script, str(tmp_path / "one"), loss_type, *extra], one_thread, processes=1)
+    run_one_process(tmp_path / "one", loss_type, *extra)
     launch([script, str(tmp_path / "two"), loss_type, *extra], one_thread, processes=2)
 
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import ACCELERATE, launch, metrics
+from test_distributed import ACCELERATE, launch, metrics, run_one_process
 
 from minigrpo.config import Config, ConfigError
 
@@ -36,14 +36,14 @@ def trained_weights(run: Path, lora: bool) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def one_process_runs(tmp_path_factory):
-    """The one-process run of each (settings): made once, compared with several engines."""
+    """The one-process run of each (settings), in this process: made once, compared with several engines."""
     runs = {}
 
-    def run(loss_type: str, settings: tuple[str, ...], env: dict) -> Path:
+    def run(loss_type: str, settings: tuple[str, ...]) -> Path:
         key = (loss_type, settings)
         if key not in runs:
             runs[key] = tmp_path_factory.mktemp("one") / "run"
-            launch([SCRIPT, str(runs[key]), loss_type, *settings], env, processes=1)
+            run_one_process(runs[key], loss_type, *settings)
         return runs[key]
 
     return run
@@ -79,7 +79,7 @@ def test_two_processes_match_one(tmp_path, one_thread, one_process_runs, fsdp, l
     if launcher == "accelerate" and ACCELERATE is None:
         pytest.skip("accelerate is not installed")
     settings = (*(LORA if lora else []), *extra)
-    one = one_process_runs(loss_type, settings, one_thread)
+    one = one_process_runs(loss_type, settings)
     two = tmp_path / "two"
     launch([SCRIPT, str(two), loss_type, *settings, *([f"fsdp={fsdp}"] if fsdp else [])], one_thread,
            processes=2, launcher=launcher)
@@ -139,7 +139,7 @@ def test_sharded_reference_accumulation_and_checkpointing(tmp_path, one_thread, 
     accumulation and activation checkpointing, one process vs two."""
     reference = LORA if lora else ["sync_ref_model=true", "ref_model_sync_steps=1"]
     settings = (*reference, "beta=0.05", "num_iterations=2", "gradient_accumulation_steps=2")
-    one = one_process_runs("bnpo", (*settings, "gradient_checkpointing=true"), one_thread)
+    one = one_process_runs("bnpo", (*settings, "gradient_checkpointing=true"))
     two = tmp_path / "two"
     launch([SCRIPT, str(two), "bnpo", *settings, "fsdp=full_shard", 'fsdp_config={"activation_checkpointing": true}'],
            one_thread, processes=2, launcher="torchrun")

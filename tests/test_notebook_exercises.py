@@ -9,13 +9,13 @@ those read names from (scripts/run_notebooks.py, `exercise_notebook`). So the pr
 apart: an exercise whose lines no longer exist in the notebook, or whose edit raises, fails here. An exercise
 without an edit must say that it is not run by the tests, and why (it needs a GPU, say).
 
-This checks that the exercises run, not the numbers they predict (fast mode trains a few steps only). A notebook's
-exercises share one kernel (scripts/run_notebooks.py, `ExerciseKernel`), which saves starting a kernel and
-importing torch, transformers and minigrpo once per exercise; each exercise still starts from an empty namespace, in
-a working directory of its own, with a fresh kernel's warnings filters and torch settings, as the last test here
-checks. An exercise whose cells register something by name gets a kernel of its own. The runs an exercise trains
-do not draw their plots/ (`run_plots=False`; nothing reads them). About 8 minutes on one
-worker of a 2-core machine (the suite's longest file).
+This checks that the exercises run, not the numbers they predict (fast mode trains a few steps only). The exercises
+share one kernel (scripts/run_notebooks.py, `ExerciseKernel`), which saves starting a kernel and importing torch,
+transformers and minigrpo for each (about 5 CPU seconds each time); each exercise still starts from an empty
+namespace, in a working directory of its own, with a fresh kernel's warnings filters and torch settings, as the last
+test here checks. An exercise whose cells register something by name gets a kernel of its own. The runs an exercise
+trains do not draw their plots/ (`run_plots=False`; nothing reads them). About 7 minutes on one worker of a 2-core
+machine (the suite's longest file).
 """
 
 import sys
@@ -59,33 +59,29 @@ def test_each_edit_changes_one_place(path):
 
 
 @pytest.fixture(scope="module")
-def notebook_kernel(tmp_path_factory):
-    """kernel(path): the ExerciseKernel that runs the exercises of the notebook at `path`, started on first use. The
-    cases come notebook by notebook, so one kernel is alive at a time: starting the next notebook's shuts the last
-    one's down. A kernel that a failing exercise shut down is replaced by a new one for the next exercise."""
-    started: dict[Path, ExerciseKernel] = {}
+def exercise_kernel(tmp_path_factory):
+    """kernel(): the ExerciseKernel that runs the exercises, every notebook's, started on first use. A kernel that a
+    failing exercise shut down is replaced by a new one for the next exercise."""
+    started: list[ExerciseKernel] = []
 
-    def kernel(path: Path) -> ExerciseKernel:
-        if path not in started or not started[path].alive:
-            for other in started.values():
-                other.close()
-            started.clear()
-            started[path] = ExerciseKernel(fast=True, timeout=600, threads=1, workdir=tmp_path_factory.mktemp("kernel"),
-                                           run_plots=False)
-        return started[path]
+    def kernel() -> ExerciseKernel:
+        if not started or not started[-1].alive:
+            started.append(ExerciseKernel(fast=True, timeout=600, threads=1, workdir=tmp_path_factory.mktemp("kernel"),
+                                          run_plots=False))
+        return started[-1]
 
     yield kernel
-    for other in started.values():
-        other.close()
+    for each in started:
+        each.close()
 
 
 @pytest.mark.parametrize("path, exercise", CASES, ids=[f"{p.stem[:2]}-{e.number}" for p, e in CASES])
-def test_exercise_runs_as_written(path, exercise, tmp_path, notebook_kernel):
+def test_exercise_runs_as_written(path, exercise, tmp_path, exercise_kernel):
     # Raises CellExecutionError, with the failing cell and its traceback, on the first cell that raises. Live runs go
     # to tmp_path.
     edited = exercise_notebook(nbformat.read(path, as_version=4), exercise)
     if shares_kernel_safely(edited):
-        executed = notebook_kernel(path).run(edited, workdir=tmp_path)
+        executed = exercise_kernel().run(edited, workdir=tmp_path)
     else:  # its registrations would outlive it in a shared kernel: one of its own
         executed = execute_notebook(path, fast=True, timeout=600, threads=1, workdir=tmp_path, notebook=edited,
                                     run_plots=False)
