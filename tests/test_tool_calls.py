@@ -272,6 +272,23 @@ def test_control_strings_in_a_tool_answer_stay_plain_text(tokenizer):
     assert ours == before + content + after
 
 
+def test_fencing_names_a_changed_template_and_passes_the_encoders_own_error_on(tokenizer):
+    from minigrpo.tools.template import TemplateChangedContent, ids_with_plain_holders
+
+    holder = "\ue0000\ue001"
+    assert ids_with_plain_holders(tokenizer, f"<|im_start|>user\n{holder}", {holder: "42"}, lambda x: [7]) == (
+        tokenizer("<|im_start|>user\n", add_special_tokens=False)["input_ids"] + [7])
+    with pytest.raises(TemplateChangedContent):  # the template dropped the placeholder
+        ids_with_plain_holders(tokenizer, "<|im_start|>user\n", {holder: "42"}, lambda x: [7])
+
+    def cannot_encode(text):
+        raise ValueError(f"could not encode {text!r} without added tokens")
+
+    with pytest.raises(ValueError, match="could not encode '42'") as raised:  # not reported as a changed template
+        ids_with_plain_holders(tokenizer, f"<|im_start|>user\n{holder}", {holder: "42"}, cannot_encode)
+    assert not isinstance(raised.value, TemplateChangedContent)
+
+
 def test_encode_as_text_is_the_ordinary_encoding_when_there_is_nothing_to_escape(tokenizer):
     text = 'The sum is 42. {"a": [1, 2]}\n'
     assert encode_as_text(tokenizer, text) == tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -26,7 +26,7 @@ import torch
 
 from ..prompts import is_conversational, left_pad
 from ..rewards import RewardError, completion_text
-from ..tools.template import encode_as_text, ids_with_plain_holders
+from ..tools.template import TemplateChangedContent, encode_as_text, ids_with_plain_holders
 
 __all__ = ["LLMJudge", "JUDGE_SYSTEM", "JUDGE_QUESTION"]
 
@@ -72,7 +72,7 @@ class LLMJudge:
         plain = {_HOLDERS[0]: _prompt_text(prompt), _HOLDERS[1]: completion_text(completion)}
         try:
             return ids_with_plain_holders(self.tokenizer, text, plain, lambda x: encode_as_text(self.tokenizer, x))
-        except ValueError:
+        except TemplateChangedContent:
             raise RewardError(f"{self.__name__}: the chat template changes a message's content; the completion "
                               f"cannot be fenced as plain text") from None
 

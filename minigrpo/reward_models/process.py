@@ -39,7 +39,7 @@ import torch
 from ..prompts import right_pad
 from ..rewards import completion_text
 from ..step_rewards import StepRewards
-from ..tools.template import ids_with_plain_holders
+from ..tools.template import TemplateChangedContent, ids_with_plain_holders
 
 __all__ = ["ProcessRewardModel", "split_steps", "prm_text", "prm_ids", "score_token_id", "save_prm_settings",
            "load_process_reward_model", "PRM_SETTINGS"]
@@ -105,7 +105,7 @@ def prm_ids(tokenizer, prompt, steps: list[str], score_token: str, system: str |
     try:
         return ids_with_plain_holders(tokenizer, text, plain, lambda step: tokenizer(
             step, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-    except ValueError:
+    except TemplateChangedContent:
         raise ValueError("the PRM's chat template changes the assistant's content: its steps cannot be fenced as "
                          "plain text") from None
 

@@ -29,7 +29,7 @@ import re
 from ..errors import ConfigError
 
 __all__ = ["prompt_ids_with_tools", "tool_suffix_ids", "encode_as_text", "added_token_strings",
-           "ids_with_plain_holders"]
+           "ids_with_plain_holders", "TemplateChangedContent"]
 
 
 def prompt_ids_with_tools(tokenizer, prompt, schemas: list[dict] | None,
@@ -107,20 +107,25 @@ def _ids_with_plain_contents(tokenizer, dummy: list[dict], tool_messages: list[d
     plain = {h: m["content"] for h, m in zip(holders, tool_messages)}
     try:
         return ids_with_plain_holders(tokenizer, text, plain, lambda content: encode_as_text(tokenizer, content))
-    except ValueError:
+    except TemplateChangedContent:
         raise ConfigError("tools: the chat template changes a tool message's content; cannot tokenize it as plain "
                           "text") from None
+
+
+class TemplateChangedContent(ValueError):
+    """A chat template dropped, repeated or reordered a placeholder (ids_with_plain_holders)."""
 
 
 def ids_with_plain_holders(tokenizer, text: str, plain: dict[str, str], encode_plain) -> list[int]:
     """The ids of `text`, a chat template's rendering in which each key of `plain` (a placeholder of private-use
     characters) stands, once and in order, for text from outside: a tool's output, a completion. The template's own
     text is tokenized as usual, each placeholder's text with encode_plain(text) (ids in which no control string is a
-    token), so that text cannot end a turn or forge a message. A ValueError if the template dropped, repeated or
-    reordered a placeholder (it changed the content: nothing can be fenced then)."""
+    token), so that text cannot end a turn or forge a message. TemplateChangedContent if the template dropped,
+    repeated or reordered a placeholder (it changed the content: nothing can be fenced then); what encode_plain
+    raises propagates as it is."""
     pieces = re.split("(" + "|".join(map(re.escape, plain)) + ")", text)
     if [p for p in pieces if p in plain] != list(plain):
-        raise ValueError("the chat template changes a message's content")
+        raise TemplateChangedContent("the chat template changes a message's content")
     ids = []
     for piece in pieces:
         if piece in plain:
