@@ -216,6 +216,24 @@ def test_best_of_n_by_hand_and_against_brute_force():
     assert kl_best_of_n(1) == 0 and kl_best_of_n(64) == pytest.approx(math.log(64) - 63 / 64)
 
 
+
+def test_the_best_of_n_kl_bounds_a_policy_that_repeats_itself():
+    # The closed form is exact only when no completion has a sizeable probability. A policy with two completions,
+    # y1 (the proxy's favourite) and y2, each with probability 1/2: best-of-2 writes y1 unless both draws are y2,
+    # so pi_bon = (3/4, 1/4) and KL(pi_bon || pi) = 3/4 log(3/2) + 1/4 log(1/2) = 0.1308 nats, under
+    # log 2 - 1/2 = 0.1931. With m equally likely completions the exact KL climbs to the closed form as m grows.
+    from minigrpo.preference import kl_best_of_n
+
+    def exact_kl(m, n):  # m equally likely completions, ranked; pi_bon(i-th lowest) = (i/m)^n - ((i-1)/m)^n
+        i = torch.arange(1, m + 1, dtype=torch.float64)
+        p_bon = (i / m) ** n - ((i - 1) / m) ** n
+        return (p_bon * (p_bon * m).log()).sum().item()
+
+    assert exact_kl(2, 2) == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5))
+    assert exact_kl(2, 2) == pytest.approx(0.1308, abs=1e-4) and kl_best_of_n(2) == pytest.approx(0.1931, abs=1e-4)
+    gaps = [kl_best_of_n(4) - exact_kl(m, 4) for m in (2, 8, 64, 4096)]
+    assert all(g > 0 for g in gaps) and gaps == sorted(gaps, reverse=True) and gaps[-1] < 1e-3
+
 def test_gao_forms_are_recovered_from_their_own_curves():
     from minigrpo.preference import fit_gao
 

@@ -8,12 +8,17 @@ policy to follow, in d = sqrt(KL(pi || pi_init)),
     best-of-n       R_bon(d) = d (alpha_bon - beta_bon d)
     RL (PPO)        R_RL(d)  = d (alpha_RL  - beta_RL log d)
 
-Best-of-n: draw n completions, keep the one the proxy scores highest. Its KL from the sampling policy is known in
-closed form (Stiennon et al. 2020, appendix G.3; Gao et al., sec. 2.2):
+Best-of-n: draw n completions, keep the one the proxy scores highest. Its KL from the sampling policy is, in the
+closed form used by Stiennon et al. 2020 (appendix G.3) and Gao et al. (sec. 2.2),
 
     KL_bon(n) = log n - (n - 1) / n
 
-and its expected scores can be estimated without bias from m >= n samples per prompt (Nakano et al. 2021,
+It is exact for a policy whose completions never repeat (each has a vanishing probability) and an upper bound
+otherwise (Beirami et al. 2024, "Theoretical guarantees on the best-of-n alignment policy"): best-of-n moves a
+policy that often writes the same completion less than this, so a d computed from it is the most the selection
+can have cost.
+
+Its expected scores can be estimated without bias from m >= n samples per prompt (Nakano et al. 2021,
 "WebGPT", appendix): sort a prompt's m samples by proxy score; the i-th lowest is the best of a random n-subset
 with probability C(i - 1, n - 1) / C(m, n), so
 
@@ -31,7 +36,8 @@ __all__ = ["kl_best_of_n", "best_of_n", "fit_gao"]
 
 
 def kl_best_of_n(n: int) -> float:
-    """KL(pi_bon || pi) in nats of best-of-n sampling: log n - (n - 1) / n (0 for n = 1)."""
+    """KL(pi_bon || pi) in nats of best-of-n sampling, log n - (n - 1) / n (0 for n = 1): exact when no
+    completion has a sizeable probability, an upper bound otherwise (module docstring)."""
     return math.log(n) - (n - 1) / n
 
 
