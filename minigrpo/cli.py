@@ -35,6 +35,7 @@ import os
 import shlex
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from .config import ALIASES, Config, ConfigError, did_you_mean, field_choices, field_descriptions, load_config
@@ -139,17 +140,34 @@ def resume_command(command: str, argv: list[str], out: str) -> str:
     return f"minigrpo {command} " + " ".join(shlex.quote(t) for t in kept + ["--resume", out])
 
 
+def _close_progress_bars() -> None:
+    """End the progress bars' lines before a line of ours."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", [])):
+        bar.close()
+
+
 def run_stoppable(command: str, argv: list[str], cfg: Config, run):
-    """run() (a trainer), or, on Ctrl-C, one line on stderr: the last checkpoint and the command that resumes it."""
+    """run() (a trainer), or, on Ctrl-C, one line on stderr: the last checkpoint and the command that resumes it.
+    An error once the run has logged a step (a reward function that raised at step 40, say) gets the same words
+    after its own, in its one line: what was kept, and how to go on from it."""
+    started = time.time()
     try:
         return run()
-    except KeyboardInterrupt:
-        from tqdm import tqdm
-
-        for bar in list(getattr(tqdm, "_instances", [])):  # end the progress bars' lines before ours
-            bar.close()
+    except USER_ERRORS as error:
+        metrics = Path(cfg.output_dir) / "metrics.jsonl"
+        if not (metrics.is_file() and metrics.stat().st_size and metrics.stat().st_mtime >= started):
+            raise  # stopped before this run logged anything: the error alone says it
         from .persistence.checkpoint import stopped_line
 
+        _close_progress_bars()
+        line = stopped_line(Path(cfg.output_dir), resume_command(command, argv, cfg.output_dir), cfg.to_dict())
+        raise MinigrpoError(f"{error}; {line}") from error
+    except KeyboardInterrupt:
+        from .persistence.checkpoint import stopped_line
+
+        _close_progress_bars()
         line = stopped_line(Path(cfg.output_dir), resume_command(command, argv, cfg.output_dir), cfg.to_dict())
         print(f"minigrpo {command}: {line}", file=sys.stderr)
         return None

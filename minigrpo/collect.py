@@ -63,7 +63,8 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     completions = roll.messages if tools else completions_for_rewards(prompts, roll.completions)
     say(f"scoring {len(completions)} completions with {len(reward_funcs)} reward function(s)")
     graded_steps = {}  # {j: each completion's StepRewards} from the function j that grades steps, if any
-    rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns, steps=graded_steps)
+    rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns, steps=graded_steps,
+                                                     timeout=cfg.reward_timeout or None)
     steps = _step_tensors(engine, roll, columns["completion_ids"], graded_steps)  # (N, K) each, or None
     if steps is not None:  # a step reward beyond float32 (inf) makes its completion unscorable, as a reward does
         unscorable = unscorable | steps[0].isinf().any(1)

@@ -120,6 +120,7 @@ class Config:
     # (a sequence-classification model, scored as TRL scores it: reward_models/outcome.py)
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
+    reward_timeout: float = 600.0  # minigrpo: seconds a reward function may take on a batch, then it is named (0: none)
     scale_rewards: str = "group"  # "group" (GRPO), "batch", "none" (Dr. GRPO)
     std_type: str = "sample"  # minigrpo: "sample" (TRL) or "population" (the papers' worked examples)
     # an entry of advantages.ADVANTAGE_ESTIMATORS: "grpo" (group z-score), "rloo" (leave-one-out), verl's
@@ -257,6 +258,8 @@ class Config:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
             raise ConfigError(f"max_tool_calling_iterations: must be >= 0, got {self.max_tool_calling_iterations}")
+        if not self.reward_timeout >= 0:
+            raise ConfigError(f"reward_timeout: must be >= 0 (0: no limit), got {self.reward_timeout}")
         if not self.tool_timeout > 0 or self.max_tool_output_chars < 1:
             raise ConfigError("tool_timeout, max_tool_output_chars: must be > 0")
         for key in ("max_completion_length", "max_prompt_length"):
@@ -270,6 +273,12 @@ class Config:
             raise ConfigError(f"top_k: must be >= 0 (0: no top-k), got {self.top_k}")
         if self.beta < 0:
             raise ConfigError(f"beta: must be >= 0, got {self.beta}")
+        if not self.reward_funcs:
+            raise ConfigError("reward_funcs: empty; a run needs at least one reward function (e.g. correctness)")
+        if any(isinstance(name, str) and not name.strip() for name in self.reward_funcs):
+            raise ConfigError(f"reward_funcs: an empty name in {self.reward_funcs} (a stray comma?)")
+        if self.reward_weights is not None and not all(math.isfinite(w) for w in self.reward_weights):
+            raise ConfigError(f"reward_weights: every weight must be a finite number, got {self.reward_weights}")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(
                 f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs"
@@ -279,10 +288,15 @@ class Config:
         """What Python hands over in TRL's or peft's forms: one string for a list (report_to="tensorboard"),
         lora_target_modules="all-linear"; and objects where a name belongs, refused in one line that says where
         the object goes."""
+        hints = _field_types()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, str) and "list[" in str(f.type):
                 setattr(self, f.name, [item.strip() for item in value.split(",") if item.strip()])
+            elif isinstance(value, str) and _scalar_base(hints[f.name]) in (int, float, bool):
+                setattr(self, f.name, coerce_value(f.name, value, hints[f.name]))  # "1e-4", as a flag or YAML gives it
+        if self.reward_weights is not None:
+            self.reward_weights = coerce_value("reward_weights", self.reward_weights, hints["reward_weights"])
         if self.lora_target_modules == ["all-linear"]:  # peft's name for minigrpo's default: every linear layer
             self.lora_target_modules = None
         for key in ("reward_funcs", "tools"):
@@ -547,6 +561,24 @@ def field_descriptions(cls=None) -> dict[str, tuple[str, str]]:
 
 ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume_from_checkpoint",
            "dataset": "dataset_name"}  # short flags of the CLI
+
+
+def _field_types() -> dict:
+    """Config's fields' types, resolved (the annotations are strings)."""
+    global _FIELD_TYPES
+    if _FIELD_TYPES is None:
+        _FIELD_TYPES = get_type_hints(Config)
+    return _FIELD_TYPES
+
+
+_FIELD_TYPES = None
+
+
+def _scalar_base(annotation: Any) -> Any:
+    """int for `int` and `int | None`; the annotation itself otherwise."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    rest = [a for a in args if a is not type(None)]
+    return rest[0] if len(rest) == 1 else annotation
 
 
 def coerce_value(key: str, value: Any, annotation: Any) -> Any:

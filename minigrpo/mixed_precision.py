@@ -81,7 +81,8 @@ def optimizer_step(optimizer, parameters, max_grad_norm: float, scaler=None, *, 
     skipped = not math.isfinite(grad_norm)
     if scaler is None:
         if skipped:  # a finite loss can still have an inf/nan gradient
-            raise FloatingPointError(f"{where}the gradient norm is {grad_norm} — stopping before the weights are")
+            raise FloatingPointError(f"{where}the gradient norm is {grad_norm} — stopping before the weights are "
+                                     "changed")
         optimizer.step()
         return grad_norm, False
     scaler.step(optimizer)  # skipped by the scaler itself when unscale_ found an inf or nan

@@ -223,13 +223,14 @@ def ppo_update(policy, value_model, optimizer, batch: dict, targets: dict, *, cl
             vf_loss, vf_stats = value_loss(values, old_values[mb], returns[mb], mask[mb], cliprange_value)
             loss = pg_loss + vf_coef * vf_loss
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"PPO: the loss is {loss.item()} (pg {pg_loss.item()}, vf {vf_loss.item()}) — "
-                                         "stopping before the weights are")
+                raise FloatingPointError(f"PPO: the loss is {loss.item()} (pg {pg_loss.item()}, vf {vf_loss.item()}) "
+                                         "— stopping before the weights are changed")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).item()
             if not math.isfinite(grad_norm):  # a finite loss can still have an inf/nan gradient
-                raise FloatingPointError(f"PPO: the gradient norm is {grad_norm} — stopping before the weights are")
+                raise FloatingPointError(f"PPO: the gradient norm is {grad_norm} — stopping before the weights "
+                                         "are changed")
             optimizer.step()
             stats.update(vf_stats, pg_loss=pg_loss.item(), vf_loss=vf_loss.item(), loss=loss.item(),
                          grad_norm=grad_norm, entropy=masked_mean(entropy, mask[mb]).item())

@@ -20,9 +20,12 @@ A function that raises, returns the wrong number of values or a non-number stops
 error naming the function and the completion.
 """
 
+import contextlib
 import math
 import random
 import re
+import signal
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -32,9 +35,9 @@ from .prompts import completion_text  # noqa: F401 - the tasks and reward functi
 from .sandbox.user_code import callable_name, load_callable
 from .step_rewards import StepRewards, arithmetic_steps
 
-__all__ = ["RewardError", "StepRewards", "completion_text", "answer_tag", "r1_format", "r1_format_soft",
-           "overlong_penalty", "shuffled", "load_reward_func", "score_completions", "combine_rewards", "reward_func_name",
-           "math_verify_reward"]
+__all__ = ["RewardError", "RewardTimeout", "StepRewards", "completion_text", "answer_tag", "r1_format",
+           "r1_format_soft", "has_r1_blocks", "is_r1_format", "overlong_penalty", "shuffled", "load_reward_func",
+           "score_completions", "combine_rewards", "reward_func_name", "math_verify_reward"]
 
 RewardFunc = Callable[..., list]
 
@@ -43,29 +46,66 @@ class RewardError(MinigrpoError, RuntimeError):
     """A reward function misbehaved; the message names it and the completion."""
 
 
+class RewardTimeout(RewardError):
+    """A reward function did not return within reward_timeout seconds."""
+
+
 # The R1 format (DeepSeek-R1's template: reasoning in <think>, answer in <answer>), in the two forms GRPO
 # recipes use. Strict is open-r1's `format_reward`: the whole completion, tags on their own lines. Soft is the
 # pattern of the GSM8K GRPO notebooks (willccbb's, Unsloth's): the two blocks in order, whitespace free,
 # anything allowed around them. Soft is easier to learn; strict leaves nothing outside the blocks.
 R1_STRICT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL)
 R1_SOFT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The two patterns say what the formats are; the functions below decide the same in one pass over the text. The
+# patterns themselves backtrack: on a completion that repeats the tags without closing them ("<think></think><answer>"
+# a thousand times) R1_SOFT.search takes minutes (cubic in the length) and R1_STRICT and <answer>(.*?)</answer>
+# seconds (quadratic), and a checker must not hang on model text. tests/test_rewards.py checks that each function
+# agrees with its pattern.
+_THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
+
+
+def is_r1_format(text: str) -> bool:
+    """R1_STRICT.fullmatch(text) is not None, in linear time: the text opens with "<think>\\n", closes with
+    "\\n</answer>", and "\\n</think>\\n<answer>\\n" stands between them without overlapping either."""
+    opening, middle, closing = "<think>\n", "\n</think>\n<answer>\n", "\n</answer>"
+    if not (text.startswith(opening) and text.endswith(closing)):
+        return False
+    at = text.find(middle, len(opening))  # the first one leaves the most room for the answer
+    return at != -1 and at + len(middle) <= len(text) - len(closing)
+
+
+def has_r1_blocks(text: str) -> bool:
+    """R1_SOFT.search(text) is not None, in linear time: some "</think>", whitespace, "<answer>" comes after a
+    "<think>" and before a "</answer>". The earliest "<think>" and the last "</answer>" leave the most room, and the
+    first "</think> <answer>" after that "<think>" ends earliest."""
+    think = text.find("<think>")
+    if think == -1:
+        return False
+    found = _THINK_THEN_ANSWER.search(text, think + len("<think>"))
+    return found is not None and found.end() <= text.rfind("</answer>")
 
 
 def answer_tag(text: str) -> str | None:
-    """The stripped content of the last ``<answer>...</answer>``, or None."""
-    found = _ANSWER.findall(text)
-    return found[-1].strip() if found else None
+    """The stripped content of the last ``<answer>...</answer>``, or None. The same as the last of
+    re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL), in linear time."""
+    found, start = None, text.find("<answer>")
+    while start != -1:
+        end = text.find("</answer>", start + len("<answer>"))
+        if end == -1:
+            break
+        found = text[start + len("<answer>"):end]
+        start = text.find("<answer>", end + len("</answer>"))
+    return None if found is None else found.strip()
 
 
 def r1_format(prompts, completions, **row) -> list[float]:
     """1.0 if the completion is exactly "<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>", else 0.0."""
-    return [float(R1_STRICT.fullmatch(completion_text(c)) is not None) for c in completions]
+    return [float(is_r1_format(completion_text(c))) for c in completions]
 
 
 def r1_format_soft(prompts, completions, **row) -> list[float]:
     """1.0 if "<think>...</think>" is followed by "<answer>...</answer>" anywhere in the completion, else 0.0."""
-    return [float(R1_SOFT.search(completion_text(c)) is not None) for c in completions]
+    return [float(has_r1_blocks(completion_text(c))) for c in completions]
 
 
 def overlong_penalty(max_completion_length: int, buffer_len: int) -> RewardFunc:
@@ -125,16 +165,49 @@ def _name(func) -> str:
     return getattr(func, "__name__", type(func).__name__)
 
 
-def _call(func, prompts, completions, rows: dict[str, list]) -> list:
+@contextlib.contextmanager
+def _time_limit(seconds: float | None, func):
+    """Raise RewardTimeout in the block once `seconds` have passed (None or 0: no limit). A SIGALRM timer, so it
+    works in the main thread only (elsewhere: no limit), and it stops Python code, sleeps and network waits; a call
+    stuck inside C code that holds the interpreter (a pathological regular expression, say) is stopped only when
+    that call returns. The previous SIGALRM handler is put back afterwards."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise RewardTimeout(f"reward function {_name(func)!r} did not return within {seconds:g} s (reward_timeout); "
+                            f"give a slower one more time with reward_timeout, or 0 for no limit")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _call(func, prompts, completions, rows: dict[str, list], timeout: float | None = None) -> list:
     """Call one reward function, by keyword as TRL does (`accuracy_reward(completions, solution, **kwargs)` takes
-    completions first); on an exception, find the first completion it fails on and say so."""
+    completions first); on an exception, find the first completion it fails on and say so. timeout: seconds for the
+    whole call, the search for the culprit included (_time_limit)."""
+    with _time_limit(timeout, func):
+        return _call_and_name_the_culprit(func, prompts, completions, rows)
+
+
+def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list]) -> list:
     try:
         values = func(prompts=prompts, completions=completions, **rows)
+    except RewardTimeout:
+        raise
     except Exception as batch_exc:  # noqa: BLE001 - re-raised with the culprit named
         for i in range(len(completions)):
             one_row = {k: v[i : i + 1] for k, v in rows.items()}
             try:
                 func(prompts=prompts[i : i + 1], completions=completions[i : i + 1], **one_row)
+            except RewardTimeout:
+                raise
             except Exception as exc:  # noqa: BLE001
                 raise RewardError(
                     f"reward function {_name(func)!r} raised on completion {i} ({completions[i]!r}): {exc!r}"
@@ -153,8 +226,10 @@ def score_completions(
     rows: dict[str, list],
     *,
     steps: dict | None = None,
+    timeout: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call every reward function on the batch. `rows` maps column name -> list of N values.
+    """Call every reward function on the batch. `rows` maps column name -> list of N values. timeout: seconds each
+    function's call may take (reward_timeout), then a RewardTimeout naming it; None: no limit.
 
     A function j may return, for a completion, StepRewards (step_rewards.py: process supervision) instead of a
     float; its entry is then the mean of its step rewards, and `steps`, when given (a dict), receives
@@ -169,7 +244,7 @@ def score_completions(
     unscorable = torch.zeros(n, dtype=torch.bool)
     step_func = None
     for j, func in enumerate(reward_funcs):
-        values = _call(func, prompts, completions, rows)
+        values = _call(func, prompts, completions, rows, timeout)
         if len(values) != n:
             raise RewardError(f"reward function {_name(func)!r} returned {len(values)} values for {n} completions")
         if any(isinstance(v, StepRewards) for v in values):
@@ -245,6 +320,9 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
     funcs = []
     for name in names:
         if not isinstance(name, str):  # a function (or reward model) handed over from Python: used as it is
+            if not callable(name):
+                raise RewardError(f"reward_funcs: {name!r:.60} ({type(name).__name__}) is neither a reward's name nor "
+                                  f"callable; give a name, a function f(prompts, completions, **row), or a model")
             funcs.append(name)
         elif ":" in name:
             funcs.append(load_reward_func(name))

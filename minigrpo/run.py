@@ -120,35 +120,65 @@ def refuse_trl_config(cfg) -> None:
                           "args.to_config(number of training rows) to train()")
 
 
-# What a run writes into output_dir (trainers, run_log.py's report_to folders, finish_run): a folder holding any of
-# these holds another run's results.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "completions.jsonl", "summary.json", "checkpoints", "model",
-             "model_merged", "plots", "tensorboard", "wandb")
+# What a run writes into output_dir (trainers, run_log.py's report_to folders, finish_run). The files are minigrpo's
+# own names: a folder holding one of them holds a run; the folders (model, plots, wandb, ...) are common names that a
+# user's own project may hold too, so they alone do not make a run, and are never deleted unless a run's file is there.
+RUN_LOG_FILES = ("config.yaml", "metrics.jsonl", "completions.jsonl", "summary.json")
+RUN_FILES = (*RUN_LOG_FILES, "checkpoints", "model", "model_merged", "plots", "tensorboard", "wandb")
+
+
+def _holds_results(out: Path) -> bool:
+    """A run there got somewhere: a summary, a logged step, a checkpoint or a saved model. A run that stopped before
+    its first step (a reward function that raised at once, say) leaves only its config and empty logs."""
+    logged = any((out / name).is_file() and (out / name).stat().st_size > 0
+                 for name in ("metrics.jsonl", "completions.jsonl"))
+    return logged or any((out / name).exists() for name in ("summary.json", "checkpoints", "model", "model_merged"))
 
 
 def claim_output_dir(cfg: Config) -> Path:
-    """output_dir, made, for a run that may write there: refused in one line when it holds another run's results
-    (RUN_FILES), unless this run resumes that one (resume_from_checkpoint in it) or overwrite_output_dir asks to
-    replace it (its results are deleted first; other files are left alone). Rank 0 decides for every process,
+    """output_dir, made, for a run that may write there. Refused in one line when it holds another run's results,
+    unless this run resumes that one (resume_from_checkpoint in it) or overwrite_output_dir asks to replace it (what
+    that run wrote, RUN_FILES, is deleted first; other files are left alone). A run that stopped before its first
+    step is replaced without asking (nothing of it is lost). A folder that holds RUN_FILES' folders (model, plots,
+    wandb, ...) but no run's files is someone else's: refused, and never deleted. Rank 0 decides for every process,
     before any of them writes."""
     out = Path(cfg.output_dir)
     problem = None
     if processes.is_main():
-        found = [name for name in RUN_FILES if (out / name).exists()]
-        resumed = Path(cfg.resume_from_checkpoint).resolve() if cfg.resume_from_checkpoint else None
-        resuming_here = resumed is not None and out.resolve() in (resumed, *resumed.parents)
-        if found and cfg.overwrite_output_dir and not resuming_here:
-            for name in found:
-                shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-        elif found and not resuming_here:
-            problem = (f"output_dir: {out} holds another run's results ({', '.join(found)}); nothing was written. "
-                       f"Choose another --out, continue that run with --resume {out}, or replace it with "
-                       f"--overwrite-output-dir")
+        if out.exists() and not out.is_dir():
+            problem = f"output_dir: {out} is a file, not a folder; nothing was written. Choose another --out"
+        elif any(p.exists() and not p.is_dir() for p in out.parents):
+            problem = f"output_dir: {out} lies under a file, not a folder; nothing was written. Choose another --out"
+        else:
+            problem = _claim(cfg, out)
     problem = processes.broadcast_object(problem)
     if problem:
         raise ConfigError(problem)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"output_dir: cannot make {out} ({error.strerror}); choose another --out") from None
     return out
+
+
+def _claim(cfg: Config, out: Path) -> str | None:
+    """claim_output_dir's decision on rank 0: None (write there; what must go is gone) or the one-line refusal."""
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if not found:
+        return None
+    resumed = Path(cfg.resume_from_checkpoint).resolve() if cfg.resume_from_checkpoint else None
+    if resumed is not None and out.resolve() in (resumed, *resumed.parents):
+        return None
+    if not any(name in RUN_LOG_FILES for name in found):
+        return (f"output_dir: {out} holds {', '.join(found)} but no run of minigrpo's (no {', '.join(RUN_LOG_FILES)}), "
+                f"and a run would write into them; nothing was written or deleted. Choose another --out")
+    if cfg.overwrite_output_dir or not _holds_results(out):
+        for name in found:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        return None
+    resume = f", continue that run with --resume {out}" if any((out / "checkpoints").glob("*")) else ""
+    return (f"output_dir: {out} holds another run's results ({', '.join(found)}); nothing was written. Choose another "
+            f"--out{resume}, or replace it with --overwrite-output-dir")
 
 
 def record_inputs(cfg: Config, reward_funcs=None, tools=None, model=None, train_dataset=None, eval_dataset=None

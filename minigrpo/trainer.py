@@ -275,7 +275,8 @@ def grpo_update(policy, optimizer, inputs: Batch, cfg: Config, *, max_completion
                     loss, stats = micro_batch_loss(policy, inputs, micro, cfg, max_completion_length, autocast,
                                                    drift=drift, **mini_batch)
                 if not torch.isfinite(loss):
-                    raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights are")
+                    raise FloatingPointError(f"step {step}: the loss is {loss.item()} — stopping before the weights "
+                                             "are changed")
                 scaled_backward(loss, scaler)  # fp16: of S * loss
                 micro_stats.append({**stats, "loss": loss.item()})
             # W > 1: DDP / FSDP2 averaged the gradients in backward: the global batch's gradient, on every rank.

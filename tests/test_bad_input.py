@@ -220,11 +220,27 @@ def test_prompts_longer_than_the_context_are_refused_before_training(tmp_path, r
         (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, long_addition, reasoning_gym, think_addition, tool_addition"),
         (["--eval-limit", "0"], "eval_limit: must be >= 1, got 0"),
         (["--save-steps", "-5"], "save_steps: must be >= 0, got -5"),
+        (["--reward-weights", "nan"], "reward_weights: every weight must be a finite number, got [nan]"),
+        (["--reward-funcs", ""], "reward_funcs: an empty name in [''] (a stray comma?)"),
     ],
 )
 def test_bad_flags_are_one_line_naming_the_key(capsys, argv, expected):
     assert main(["train", *argv]) == 2
     assert capsys.readouterr().err.strip() == f"minigrpo train: error: {expected}"
+
+
+def test_python_values_are_read_as_flags_are_or_named():
+    cfg = Config(learning_rate="1e-4", max_steps="2", bf16="false", reward_weights=["1"])  # as env vars give them
+    assert (cfg.learning_rate, cfg.max_steps, cfg.bf16, cfg.reward_weights) == (1e-4, 2, False, [1.0])
+    for overrides, said in ((dict(learning_rate="abc"), "learning_rate: cannot read 'abc' as float"),
+                            (dict(reward_funcs=[]), "reward_funcs: empty; a run needs at least one reward function"),
+                            (dict(reward_weights=[math.inf]), "reward_weights: every weight must be a finite number")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            Config(**overrides)
+    from minigrpo.rewards import build_reward_funcs
+
+    with pytest.raises(RewardError, match=r"reward_funcs: 3 \(int\) is neither a reward's name nor callable"):
+        build_reward_funcs([3], TASKS["addition"], 8)
 
 
 def test_an_unknown_key_in_a_yaml_file_is_named(tmp_path, capsys):

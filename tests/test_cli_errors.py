@@ -94,3 +94,16 @@ def test_minigrpo_errors_keep_their_builtin_bases(error):
     """Code that catches ValueError or RuntimeError, as before there was a MinigrpoError, still catches them."""
     assert issubclass(error, MinigrpoError)
     assert issubclass(error, ValueError) or issubclass(error, RuntimeError)
+
+
+def test_a_reward_function_that_hangs_is_stopped_and_named_in_one_line(tmp_path, random_model_dir, capsys):
+    (tmp_path / "my_rewards.py").write_text("import time\n\ndef judge(prompts, completions, **kw):\n"
+                                            "    time.sleep(600)\n")
+    argv = ["train", "--task", "addition", "--model", str(random_model_dir), "--reward-funcs",
+            f"{tmp_path}/my_rewards.py:judge", "--reward-timeout", "0.5", "--max-steps", "1", "--num-generations", "2",
+            "--generation-batch-size", "2", "--eval-steps", "0", "--eval-limit", "1", "--eval-num-samples", "0",
+            "--save-model", "false", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert error_lines(capsys)[-1] == ("minigrpo train: error: reward function 'judge' did not return within 0.5 s "
+                                       "(reward_timeout); give a slower one more time with reward_timeout, or 0 for "
+                                       "no limit")

@@ -271,6 +271,21 @@ def test_ctrl_c_stops_in_one_line_and_the_printed_command_resumes_exactly(tmp_pa
     assert metrics(run) == metrics(reference)
 
 
+def test_an_error_mid_run_says_in_its_line_what_was_kept_and_how_to_resume(tmp_path, capsys, monkeypatch,
+                                                                          one_thread):
+    (tmp_path / "failing.py").write_text(INTERRUPTING_REWARD.replace("raise KeyboardInterrupt",
+                                                                     "raise RuntimeError('judge down')"))
+    run = tmp_path / "run"
+    monkeypatch.setenv("INTERRUPT_AT_STEP_3", "1")
+    assert main(["train", *SMALL, "--save-steps", "2", "--reward-funcs", f"{tmp_path / 'failing.py'}:reward",
+                 "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"minigrpo train: error: reward function 'reward' raised on the batch: RuntimeError('judge "
+                          f"down'); stopped after step 2; the last checkpoint is "
+                          f"{run / 'checkpoints' / 'step-000002.pt'} (step 2). Resume with: minigrpo train ")
+    assert err.endswith(f"--resume {run}")
+
+
 @pytest.mark.run_plots  # plots/ is one of the run's results it names
 def test_a_second_run_into_a_used_folder_is_refused_and_changes_nothing(tmp_path, capsys, one_thread):
     run = tmp_path / "run"
@@ -279,14 +294,43 @@ def test_a_second_run_into_a_used_folder_is_refused_and_changes_nothing(tmp_path
     assert main(["train", *SMALL, "--max-steps", "1", "--task", "addition", "--out", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"minigrpo train: error: output_dir: {run} holds another run's results (config.yaml, metrics.jsonl, "
-                   f"completions.jsonl, summary.json, plots); nothing was written. Choose another --out, continue that "
-                   f"run with --resume {run}, or replace it with --overwrite-output-dir")
+                   f"completions.jsonl, summary.json, plots); nothing was written. Choose another --out, or replace "
+                   f"it with --overwrite-output-dir")  # no checkpoint there (save_steps 0): no --resume offered
     assert file_hashes(run) == before
     (run / "notes.txt").write_text("mine")  # not a run's file: --overwrite-output-dir leaves it
     assert main(["train", *SMALL, "--max-steps", "1", "--task", "addition", "--out", str(run),
                  "--overwrite-output-dir"]) == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["task"] == "addition"
     assert (run / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_of_someone_elses_is_never_deleted_and_a_run_that_logged_nothing_is_replaced(tmp_path):
+    from minigrpo.config import Config
+    from minigrpo.errors import ConfigError
+    from minigrpo.run import claim_output_dir
+
+    mine = tmp_path / "project"  # a user's own folder, with folders named as a run's are
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "weights.bin").write_text("weights")
+    (mine / "wandb").mkdir()
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match=r"holds model, wandb but no run of minigrpo's .* nothing was written "
+                                              r"or deleted"):
+            claim_output_dir(Config(output_dir=str(mine), overwrite_output_dir=overwrite))
+    assert (mine / "model" / "weights.bin").read_text() == "weights" and (mine / "wandb").is_dir()
+
+    failed = tmp_path / "failed"  # a run whose first step raised: its config and empty logs, nothing else
+    failed.mkdir()
+    for name in ("config.yaml", "metrics.jsonl", "completions.jsonl"):
+        (failed / name).write_text("task: x\n" if name == "config.yaml" else "")
+    (failed / "notes.txt").write_text("mine")
+    assert claim_output_dir(Config(output_dir=str(failed))) == failed  # the same command again just runs
+    assert sorted(p.name for p in failed.iterdir()) == ["notes.txt"]
+
+    (tmp_path / "a_file").write_text("x")
+    for out, said in ((tmp_path / "a_file", "is a file"), (tmp_path / "a_file" / "run", "lies under a file")):
+        with pytest.raises(ConfigError, match=f"output_dir: .* {said}, not a folder; nothing was written"):
+            claim_output_dir(Config(output_dir=str(out)))
 
 
 # ---------------------------------------------------------------------------------------------------------

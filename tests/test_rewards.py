@@ -35,6 +35,31 @@ def test_scorer_names_the_function_and_completion():
         score_completions([picky], ["p"] * 3, ["a", "bb", ""], {"answer": ["1", "2", "3"]})
 
 
+def test_a_reward_function_that_hangs_is_stopped_and_named():
+    import signal
+    import time
+
+    from minigrpo.rewards import RewardTimeout
+
+    def waits(prompts, completions, **row):  # an LLM judge whose server never answers
+        time.sleep(60)
+
+    def loops(prompts, completions, **row):  # or Python that never ends
+        while True:
+            pass
+
+    handler = signal.getsignal(signal.SIGALRM)
+    for hangs in (waits, loops):
+        started = time.monotonic()
+        with pytest.raises(RewardTimeout, match=rf"reward function '{hangs.__name__}' did not return within 0.2 s "
+                                                r"\(reward_timeout\)"):
+            score_completions([hangs], ["p", "p"], ["a", "b"], {}, timeout=0.2)
+        assert time.monotonic() - started < 30  # stopped, not waited out
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert score_completions([lambda prompts, completions, **row: [1.0, 0.0]], ["p", "p"], ["a", "b"], {},
+                             timeout=0.2)[0].tolist() == [[1.0], [0.0]]  # a quick one is untouched
+
+
 @pytest.mark.parametrize(
     "returned, match",
     [([1.0], "returned 1 values for 2"), (["high", 0.0], "non-number for completion 0")],
@@ -67,3 +92,42 @@ def test_numpy_and_torch_scalars_are_numbers():
 
     per_func, _ = score_completions([f], ["p", "p"], ["a", "b"], {})
     assert per_func[:, 0].tolist() == [1.0, 1.0]
+
+
+# ---- the R1 format checks: the patterns' answers, in linear time -----------------------------------------------------
+_PIECES = ["<think>", "</think>", "<answer>", "</answer>", "\n", " ", "x", "<", ">"]
+
+
+def test_the_r1_checks_agree_with_their_patterns():
+    import random
+    import re
+
+    from minigrpo.rewards import R1_SOFT, R1_STRICT, answer_tag, has_r1_blocks, is_r1_format
+
+    rng = random.Random(0)
+    texts = ["", "<think>\n\n</think>\n<answer>\n\n</answer>", "<think>\n</think>\n<answer>\n</answer>",
+             "<think>a</think> \n <answer>b</answer>", "<answer>a</answer><answer> b </answer>"]
+    texts += ["".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 14))) for _ in range(20_000)]
+    middles = _PIECES + ["\n</think>\n<answer>\n"]
+    texts += ["<think>\n" + "".join(rng.choice(middles) for _ in range(rng.randint(0, 6))) + "\n</answer>"
+              for _ in range(5_000)]  # strict's ends in place, so that its middle decides
+    for text in texts:
+        assert is_r1_format(text) == (R1_STRICT.fullmatch(text) is not None), repr(text)
+        assert has_r1_blocks(text) == (R1_SOFT.search(text) is not None), repr(text)
+        found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+        assert answer_tag(text) == (found[-1].strip() if found else None), repr(text)
+    assert sum(is_r1_format(t) for t in texts) > 50 and sum(has_r1_blocks(t) for t in texts) > 500  # both ways
+
+
+def test_a_completion_that_repeats_the_tags_does_not_stall_the_checks():
+    # "<think></think><answer>" repeated, never closed: R1_SOFT.search took 71 s on 23 KB (cubic); the checks a task
+    # and the evaluation run on every completion must not hang on model text. 2 MB here, in a process of its own so
+    # that a slow check fails the test instead of hanging the suite.
+    import subprocess
+    import sys
+
+    code = ("from minigrpo.rewards import answer_tag, has_r1_blocks, is_r1_format\n"
+            "for text in ['<think></think><answer>' * 100_000, '<think>\\n' + '\\n</think>\\n<answer>\\n' * 100_000,"
+            " '<answer>' * 250_000]:\n"
+            "    assert not has_r1_blocks(text) and not is_r1_format(text) and answer_tag(text) is None\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

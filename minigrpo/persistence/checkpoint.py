@@ -55,7 +55,7 @@ CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")  # a file, or a folder of sha
 # Config keys that may differ between the interrupted run and its resumption: they do not change what is
 # computed. Everything else must match, or the "resumed" run would be a different run.
 RESUMABLE_CHANGES = frozenset({"output_dir", "resume_from_checkpoint", "save_steps", "save_total_limit",
-                               "save_model", "device"})
+                               "save_model", "device", "reward_timeout"})
 
 
 class CheckpointError(MinigrpoError, ValueError):

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..rewards import R1_SOFT, answer_tag
+from ..rewards import answer_tag, has_r1_blocks
 from .base import Task
 
 __all__ = ["AnswerTask", "R1_SYSTEM_PROMPT", "GRADERS", "answer_tag", "boxed", "last_number", "normalize_number",
@@ -154,4 +154,4 @@ class AnswerTask(Task):
         return same_answer(final_answer(completion), answer)
 
     def is_well_formed(self, completion: str) -> bool:
-        return R1_SOFT.search(completion) is not None
+        return has_r1_blocks(completion)

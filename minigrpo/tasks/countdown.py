@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..rewards import R1_SOFT, completion_text
+from ..rewards import completion_text, has_r1_blocks
 from .answers import R1_SYSTEM_PROMPT, answer_tag
 from .base import Task
 
@@ -152,7 +152,7 @@ class CountdownTask(Task):
         return value is not None and value == row["target"]
 
     def is_well_formed(self, completion: str) -> bool:
-        return R1_SOFT.search(completion) is not None
+        return has_r1_blocks(completion)
 
 
 def problem_key(row: dict) -> str:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..errors import ConfigError
-from ..rewards import R1_SOFT, completion_text
+from ..rewards import completion_text, has_r1_blocks
 from ..sandbox.isolation import call_isolated
 from .answers import R1_SYSTEM_PROMPT, answer_tag
 from .base import Task
@@ -185,7 +185,7 @@ class ReasoningGymTask(Task):
         return answer_tag(completion)
 
     def is_well_formed(self, completion: str) -> bool:
-        return R1_SOFT.search(completion) is not None
+        return has_r1_blocks(completion)
 
     def scores(self, completions: list, rows: list[dict]) -> list[float]:
         """The dataset's own score of each completion's answer (see the module docstring), in [0, 1].
