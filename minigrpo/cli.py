@@ -209,7 +209,8 @@ def cmd_ppo(argv: list[str]) -> int:
         return 0
     overrides = _parse_overrides(argv)
     ppo = PPOConfig.from_flags({key: overrides.pop(key) for key in ppo_fields if key in overrides})
-    cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/ppo", **overrides})
+    cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/ppo", **overrides},
+                      command_keys=tuple(ppo_fields))
     s = run_stoppable("ppo", argv, cfg, lambda: train_ppo(cfg, ppo))
     if s is None:
         return 130
@@ -230,7 +231,11 @@ def cmd_reward_model(argv: list[str]) -> int:
         return 0
     overrides = _parse_overrides(argv)
     reward_cfg = RewardConfig.from_flags({key: overrides.pop(key) for key in reward_fields if key in overrides})
-    cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/rm", **overrides})
+    if "max_steps" in overrides:  # TRL's RewardConfig has it; this trainer runs whole epochs over its rows
+        raise ConfigError("max_steps: the reward-model trainer runs --num-train-epochs over its rows (a fraction such "
+                          "as 0.5 for a shorter run); it has no step budget")
+    cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/rm", **overrides},
+                      command_keys=tuple(reward_fields))
     s = train_reward_model(cfg, reward_cfg)
     if reward_cfg.loss == "step_labels":  # a token classifier: scored in Python by ProcessRewardModel
         held_out = "" if s["eval"] is None else (f": held-out AUC {s['eval']['auc']:.3f}, step accuracy "

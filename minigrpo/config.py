@@ -634,8 +634,11 @@ class FlagsConfig:
         return cls(**{key: coerce_value(key, value, hints[key]) for key, value in values.items()})
 
 
-def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Build a Config from an optional YAML file and a dict of overrides (e.g. parsed flags); overrides win."""
+def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None = None, *,
+                command_keys: tuple[str, ...] = ()) -> Config:
+    """Build a Config from an optional YAML file and a dict of overrides (e.g. parsed flags); overrides win.
+    command_keys: a command's own settings (PPOConfig's, RewardConfig's fields), offered with Config's keys when an
+    unknown key looks like a typo."""
     values: dict[str, Any] = {}
     if yaml_path:
         import yaml
@@ -656,6 +659,6 @@ def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
         name = key.replace("-", "_")
         name = ALIASES.get(name, name)
         if name not in known:  # a typo, or TRL's name for something minigrpo calls otherwise: one line that says so
-            raise ConfigError(unknown_key_line(name, value, known | set(ALIASES)))
+            raise ConfigError(unknown_key_line(name, value, known | set(ALIASES) | set(command_keys)))
         kwargs[name] = coerce_value(name, value, hints[name])
     return Config(**kwargs)

@@ -229,6 +229,19 @@ def test_bad_flags_are_one_line_naming_the_key(capsys, argv, expected):
     assert capsys.readouterr().err.strip() == f"minigrpo train: error: {expected}"
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["ppo", "--lamm", "1"], "minigrpo ppo: error: lamm: unknown config key; did you mean lam?"),
+    (["reward-model", "--num-promts", "5"], "minigrpo reward-model: error: num_promts: unknown config key; did you mean "
+                                            "num_prompts?"),
+    (["reward-model", "--max-steps", "1"], "minigrpo reward-model: error: max_steps: the reward-model trainer runs "
+                                           "--num-train-epochs over its rows (a fraction such as 0.5 for a shorter "
+                                           "run); it has no step budget"),
+])
+def test_a_commands_own_keys_are_offered_and_a_step_budget_it_lacks_is_named(capsys, argv, expected):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == expected
+
+
 def test_python_values_are_read_as_flags_are_or_named():
     cfg = Config(learning_rate="1e-4", max_steps="2", bf16="false", reward_weights=["1"])  # as env vars give them
     assert (cfg.learning_rate, cfg.max_steps, cfg.bf16, cfg.reward_weights) == (1e-4, 2, False, [1.0])
