@@ -28,6 +28,15 @@ def test_sample_std_is_trl_convention():
     assert adv.tolist() == pytest.approx([0.5 / (sample_std + 1e-4)] * 2 + [-0.5 / (sample_std + 1e-4)] * 2)
 
 
+def test_huge_finite_rewards_keep_their_advantages():
+    # (1e20 - mean)^2 overflows float32; the std is then taken in units of the group's largest deviation. A group
+    # of ordinary rewards beside them is computed as before, to the bit.
+    rewards = torch.tensor([0.0, 1e20, 0.0, 1e20, 3.0, 1.0, 2.0, 2.0])
+    adv, _ = group_advantages(rewards, 4, std="population", eps=0.0)
+    assert adv[:4].tolist() == pytest.approx([-1.0, 1.0, -1.0, 1.0])
+    assert torch.equal(adv[4:], group_advantages(rewards[4:], 4, std="population", eps=0.0)[0])
+
+
 def test_dr_grpo_is_mean_centred_only():
     adv, _ = group_advantages(torch.tensor([3.0, 1.0, 2.0, 2.0]), 4, scale="none")
     assert adv.tolist() == [1.0, -1.0, 0.0, 0.0]
