@@ -12,8 +12,9 @@ the start of its answer. ``chat_template_kwargs`` pass through (Qwen3's ``enable
 rendered text already holds every special token the template wants (bos included), so it is tokenized with
 ``add_special_tokens=False``; a standard prompt gets the tokenizer's own special tokens, as it always has.
 
-Every place that encodes a prompt calls ``encode_prompts``: the decode loop, HF ``generate``, the vLLM
-engine, evaluation and the context-length check. So the ids the policy is trained on are the ids it sampled
+Every place that encodes a prompt of a run without tools calls ``encode_prompts``: the decode loop, HF
+``generate``, the vLLM engine, evaluation and the context-length check (a run with tools encodes its prompts with
+the tools' schemas, ``tools.prompt_ids_with_tools``). So the ids the policy is trained on are the ids it sampled
 from, whichever engine sampled.
 
 Reward functions see completions the way TRL hands them: text for a standard prompt, and for a

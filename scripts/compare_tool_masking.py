@@ -5,7 +5,7 @@
     OMP_NUM_THREADS=1 python scripts/compare_tool_masking.py --seeds 0 --out /tmp/masking
     python scripts/compare_tool_masking.py --report                                # the table of the shipped runs
 
-Every run is the README's tool_addition command (`minigrpo train --task tool_addition --learning-rate 3e-4
+Every run is docs/tools.md's tool_addition command (`minigrpo train --task tool_addition --learning-rate 3e-4
 --max-steps 60 --eval-limit 300 --eval-num-samples 0`: greedy accuracy on the first 300 test problems before and
 after, on the first 200 every 10 steps) with one field changed, `train_on_tool_output`. The two runs of a seed draw
 the same prompts and start from the same weights; their first batches are the same, and they part after the first

@@ -1,4 +1,6 @@
-"""Running one tool call, safely: whatever the tool does, the run gets back ``(text, failed)`` and goes on.
+"""Running one tool call, safely: whatever the tool raises, however long it runs or however much it prints, the run
+gets back ``(text, failed)`` and goes on. Not limited: its memory, and what a process of the trainer's user may do
+(the worker is a fork of the trainer: a tool that fills the memory or kills its parent ends the run).
 
     text, failed = execute_tool_call(call, {"calculator": calculator}, timeout=10.0, max_output_chars=4000)
 
