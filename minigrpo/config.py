@@ -190,7 +190,7 @@ class Config:
     # --- optimizer ---
     learning_rate: float = 1e-4  # AdamW's peak learning rate (TRL's default: 1e-6)
     lr_scheduler_type: str = "constant"  # "constant" or "linear" (decay to 0, TRL's default)
-    warmup_steps: int = 0  # optimizer steps of linear warm-up from 0 to learning_rate
+    warmup_steps: int = 0  # steps (batches, as max_steps counts them) of linear warm-up from 0 to learning_rate
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     adam_beta1: float = 0.9  # AdamW's beta1 (decay of the mean of the gradients)
     adam_beta2: float = 0.999  # AdamW's beta2 (decay of the mean of their squares)
