@@ -326,6 +326,13 @@ def test_a_folder_of_someone_elses_is_never_deleted_and_a_run_that_logged_nothin
     (failed / "notes.txt").write_text("mine")
     assert claim_output_dir(Config(output_dir=str(failed))) == failed  # the same command again just runs
     assert sorted(p.name for p in failed.iterdir()) == ["notes.txt"]
+    from minigrpo.persistence.checkpoint import stopped_line
+
+    cfg = Config(output_dir=str(failed))  # and a Ctrl-C before the first step says so
+    (failed / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    (failed / "metrics.jsonl").write_text("")
+    assert stopped_line(failed, "minigrpo train ...", cfg.to_dict()) == ("stopped before the first step; nothing to "
+                                                                         "resume: the same command starts it again")
 
     (tmp_path / "a_file").write_text("x")
     for out, said in ((tmp_path / "a_file", "is a file"), (tmp_path / "a_file" / "run", "lies under a file")):

@@ -304,7 +304,9 @@ def stopped_line(out: Path, resume: str, config: dict | None = None) -> str:
     metrics = out / "metrics.jsonl"
     steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
              if line.strip().startswith("{") and line.strip().endswith("}")] if metrics.exists() else []
-    done = f"after step {steps[-1]}" if steps else "before the first step"
+    if not steps:  # nothing logged: run.claim_output_dir lets the same command start it again
+        return "stopped before the first step; nothing to resume: the same command starts it again"
+    done = f"after step {steps[-1]}"
     found = list_checkpoints(out / "checkpoints")
     if not found:
         return (f"stopped {done}: no checkpoint in {out} to resume from (save_steps writes them); the run's "
