@@ -221,6 +221,8 @@ QUOTES = [
     ("07_real_model", "(entropy between 2.32 and 2.40 nats per token, a mean length of 63.1 tokens at step 7)",
      ["1 0.000 0.000 0.000 0.000 1.000 64.000 1.000 0.000 2.370", "4 0.000 0.000 0.000 0.000 1.000 64.000 1.000 0.000 2.398",
       "7 0.000 0.000 0.000 0.000 1.000 63.125 0.938 0.000 2.369", "10 0.000 0.000 0.000 0.000 1.000 64.000 1.000 0.000 2.321"]),
+    ("06_grpo_vs_ppo", "step's memory above the baseline is 0.54 of PPO's for GRPO on this 1.3M-parameter model",
+     ["GRPO/PPO memory ratio: 0.54 (full-fine-tune GRPO / PPO with critic"]),
     ("08_more_variants", "span 1.5 points for GRPO, 3.0 for Dr. GRPO and 8.0 for Dr. GRPO's loss alone",
      ["span 1.5 points", "span 3.0 points", "span 8.0 points"]),
     ("08_more_variants", "VESPO's 9 points and Pass@k's 8.5", ["VESPO -9.0", "Pass@k (k=4) -8.5"]),
