@@ -41,12 +41,12 @@ __all__ = ["group_advantages", "rloo_advantages", "process_advantages", "prefix_
 def _nan_std(x: torch.Tensor, dim: int, *, unbiased: bool) -> torch.Tensor:
     """Std over `dim`, ignoring NaNs; 0 where fewer than 2 values (population: fewer than 1) are present."""
     count = (~x.isnan()).sum(dim, keepdim=True)
-    mean = x.nanmean(dim, keepdim=True)
-    sq_dev = ((x - mean) ** 2).nansum(dim, keepdim=True)
+    dev = x - x.nanmean(dim, keepdim=True)
+    sq_dev = (dev**2).nansum(dim, keepdim=True)
     denom = (count - 1) if unbiased else count
     var = sq_dev / denom.clamp(min=1)
     if sq_dev.isinf().any():  # deviations beyond ~1.8e19 overflow float32 when squared: measure them in units of
-        dev = x - mean  # the group's largest, so that huge but finite rewards still get their advantages
+        # the group's largest, so that huge but finite rewards still get their advantages
         scale = dev.abs().nan_to_num(0.0).amax(dim, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
         scaled = (((dev / scale) ** 2).nansum(dim, keepdim=True) / denom.clamp(min=1)).sqrt() * scale
         return torch.where(sq_dev.isinf(), scaled, var.sqrt()).squeeze(dim)

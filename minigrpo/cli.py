@@ -157,7 +157,8 @@ def run_stoppable(command: str, argv: list[str], cfg: Config, run):
         return run()
     except USER_ERRORS as error:
         metrics = Path(cfg.output_dir) / "metrics.jsonl"
-        if not (metrics.is_file() and metrics.stat().st_size and metrics.stat().st_mtime >= started):
+        written = metrics.stat() if metrics.is_file() else None
+        if not (written and written.st_size and written.st_mtime >= started):
             raise  # stopped before this run logged anything: the error alone says it
         from .persistence.checkpoint import stopped_line
 

@@ -7,6 +7,7 @@ Set fields from a YAML file (`--config run.yaml`) and/or command-line flags (`--
 
 import ast
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -293,7 +294,7 @@ class Config:
             value = getattr(self, f.name)
             if isinstance(value, str) and "list[" in str(f.type):
                 setattr(self, f.name, [item.strip() for item in value.split(",") if item.strip()])
-            elif isinstance(value, str) and _scalar_base(hints[f.name]) in (int, float, bool):
+            elif isinstance(value, str) and _base_type(hints[f.name]) in (int, float, bool):
                 setattr(self, f.name, coerce_value(f.name, value, hints[f.name]))  # "1e-4", as a flag or YAML gives it
         if self.reward_weights is not None:
             self.reward_weights = coerce_value("reward_weights", self.reward_weights, hints["reward_weights"])
@@ -563,22 +564,16 @@ ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume
            "dataset": "dataset_name"}  # short flags of the CLI
 
 
+@functools.cache
 def _field_types() -> dict:
     """Config's fields' types, resolved (the annotations are strings)."""
-    global _FIELD_TYPES
-    if _FIELD_TYPES is None:
-        _FIELD_TYPES = get_type_hints(Config)
-    return _FIELD_TYPES
+    return get_type_hints(Config)
 
 
-_FIELD_TYPES = None
-
-
-def _scalar_base(annotation: Any) -> Any:
-    """int for `int` and `int | None`; the annotation itself otherwise."""
+def _base_type(annotation: Any) -> Any:
+    """The type a field's value has when it is not None: int for `int` and for `int | None`."""
     args = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
-    rest = [a for a in args if a is not type(None)]
-    return rest[0] if len(rest) == 1 else annotation
+    return next((a for a in args if a is not type(None)), annotation) if args else annotation
 
 
 def coerce_value(key: str, value: Any, annotation: Any) -> Any:
@@ -590,7 +585,7 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
         if optional:
             return None
         raise ConfigError(f"{key}: may not be None")
-    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
+    base = _base_type(annotation)
     try:
         if get_origin(base) is list:
             item_type = get_args(base)[0]
@@ -652,7 +647,7 @@ def load_config(yaml_path: str | None = None, overrides: dict[str, Any] | None =
             raise ConfigError(f"{yaml_path}: expected a mapping of config keys, got {type(loaded).__name__}")
         values.update(loaded)
     values.update(overrides or {})
-    hints = get_type_hints(Config)
+    hints = _field_types()
     known = {f.name for f in dataclasses.fields(Config)}
     kwargs = {}
     for key, value in values.items():
