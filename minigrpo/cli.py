@@ -221,13 +221,17 @@ def cmd_ppo(argv: list[str]) -> int:
 
 
 def cmd_reward_model(argv: list[str]) -> int:
-    from .reward_trainer import RewardConfig, train_reward_model
+    from .reward_trainer import CONFIG_KEYS as REWARD_MODEL_KEYS, RewardConfig, train_reward_model
 
     reward_fields = [f.name for f in dataclasses.fields(RewardConfig)]
     if argv and argv[0] in ("-h", "--help"):
-        print("minigrpo reward-model: train a reward model (reward_trainer.py) on --dataset rows in TRL's format, or "
-              "on the policy's samples labelled by the task's checker; the `minigrpo train` flags that apply (--model, "
-              "--task, --use-peft, --learning-rate, --num-generations, --out, ...), plus RewardConfig's:")
+        print(textwrap.fill("minigrpo reward-model: train a reward model (reward_trainer.py) on --dataset rows in TRL's "
+                            "format, or on the policy's samples labelled by the task's checker. The `minigrpo train` "
+                            "flags it reads (--out, --model and --dataset are short for output_dir, "
+                            "model_name_or_path and dataset_name; any other is refused):", 116))
+        print(textwrap.fill(", ".join("--" + key.replace("_", "-") for key in sorted(REWARD_MODEL_KEYS)), 116,
+                            initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))
+        print("and RewardConfig's:")
         print(option_help(RewardConfig, search=argv[1] if len(argv) > 1 else None))
         return 0
     overrides = _parse_overrides(argv)
@@ -235,6 +239,12 @@ def cmd_reward_model(argv: list[str]) -> int:
     if "max_steps" in overrides:  # TRL's RewardConfig has it; this trainer runs whole epochs over its rows
         raise ConfigError("max_steps: the reward-model trainer runs --num-train-epochs over its rows (a fraction such "
                           "as 0.5 for a shorter run); it has no step budget")
+    config_fields = {f.name for f in dataclasses.fields(Config)}
+    for key in overrides:  # a `minigrpo train` setting this trainer never reads: refused, not silently ignored
+        name = ALIASES.get(key, key)
+        if name in config_fields and name not in REWARD_MODEL_KEYS:
+            raise ConfigError(f"{name}: a `minigrpo train` setting that the reward-model trainer does not read (the "
+                              f"settings it reads: minigrpo reward-model --help)")
     cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/rm", **overrides},
                       command_keys=tuple(reward_fields))
     s = train_reward_model(cfg, reward_cfg)

@@ -64,7 +64,19 @@ __all__ = ["RewardConfig", "RewardObjective", "REWARD_OBJECTIVES", "train_reward
 
 
 # Config settings the reward-model and DPO loops do not honour (no sampling engine, no checkpoints, one process)
-UNSUPPORTED = {"use_vllm": False, "fsdp": "", "resume_from_checkpoint": None, "save_steps": 0, "report_to": None}
+UNSUPPORTED = {"use_vllm": False, "fsdp": "", "fsdp_config": None, "resume_from_checkpoint": None, "save_steps": 0,
+               "report_to": None}
+# The Config keys train_reward_model reads (its docstring says what for; RewardConfig's fields are its own). Every other
+# key is a GRPO setting it would silently ignore: `minigrpo reward-model` refuses those flags (tests/test_reward_trainer.py
+# checks this list against the keys a run reads).
+CONFIG_KEYS = frozenset({
+    "model_name_or_path", "task", "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split",
+    "use_peft", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "dtype", "gradient_checkpointing", "seed", "learning_rate", "lr_scheduler_type",
+    "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay", "max_grad_norm", "eval_steps", "output_dir",
+    "overwrite_output_dir", "device", "chat_template_kwargs",
+    "num_generations", "temperature", "max_completion_length",  # the policy's samples, without rows or a dataset
+})
 
 
 @dataclass
