@@ -200,15 +200,33 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def refuse_unread(overrides: dict, reads: frozenset, command: str) -> None:
+    """A `minigrpo train` flag that this command's trainer never reads is a one-line error, not silently ignored
+    (a YAML file's keys are let through: one file may serve several commands)."""
+    config_fields = {f.name for f in dataclasses.fields(Config)}
+    for key in overrides:
+        name = ALIASES.get(key, key)
+        if name in config_fields and name not in reads:
+            raise ConfigError(f"{name}: a `minigrpo train` setting that `minigrpo {command}` does not read "
+                              f"(`minigrpo {command} --help` says which it reads)")
+
+
 def cmd_ppo(argv: list[str]) -> int:
-    from .ppo_trainer import PPOConfig, train_ppo
+    from .ppo_trainer import CONFIG_KEYS as PPO_KEYS, PPOConfig, train_ppo
 
     ppo_fields = [f.name for f in dataclasses.fields(PPOConfig)]
     if argv and argv[0] in ("-h", "--help"):
-        print("minigrpo ppo: every `minigrpo train` flag (see `minigrpo train --help`), plus PPOConfig's:")
+        unread = sorted({f.name for f in dataclasses.fields(Config)} - PPO_KEYS)
+        print(textwrap.fill("minigrpo ppo: the `minigrpo train` flags (see `minigrpo train --help`) but these, which "
+                            "belong to the GRPO family's losses, updates, reference model and tools, and are refused:",
+                            116))
+        print(textwrap.fill(", ".join("--" + key.replace("_", "-") for key in unread), 116, initial_indent="  ",
+                            subsequent_indent="  ", break_on_hyphens=False))
+        print("plus PPOConfig's:")
         print(option_help(PPOConfig, search=argv[1] if len(argv) > 1 else None))
         return 0
     overrides = _parse_overrides(argv)
+    refuse_unread(overrides, PPO_KEYS, "ppo")
     ppo = PPOConfig.from_flags({key: overrides.pop(key) for key in ppo_fields if key in overrides})
     cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/ppo", **overrides},
                       command_keys=tuple(ppo_fields))
@@ -239,12 +257,7 @@ def cmd_reward_model(argv: list[str]) -> int:
     if "max_steps" in overrides:  # TRL's RewardConfig has it; this trainer runs whole epochs over its rows
         raise ConfigError("max_steps: the reward-model trainer runs --num-train-epochs over its rows (a fraction such "
                           "as 0.5 for a shorter run); it has no step budget")
-    config_fields = {f.name for f in dataclasses.fields(Config)}
-    for key in overrides:  # a `minigrpo train` setting this trainer never reads: refused, not silently ignored
-        name = ALIASES.get(key, key)
-        if name in config_fields and name not in REWARD_MODEL_KEYS:
-            raise ConfigError(f"{name}: a `minigrpo train` setting that the reward-model trainer does not read (the "
-                              f"settings it reads: minigrpo reward-model --help)")
+    refuse_unread(overrides, REWARD_MODEL_KEYS, "reward-model")
     cfg = load_config(overrides.pop("config", None), {"output_dir": "runs/rm", **overrides},
                       command_keys=tuple(reward_fields))
     s = train_reward_model(cfg, reward_cfg)

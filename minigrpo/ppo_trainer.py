@@ -60,7 +60,30 @@ from .ppo_critic import ValueModel, ppo_targets, ppo_update
 from .rewards import RewardError, reward_names
 from .run import finish_run, load_run, make_engine, make_optimizer
 
-__all__ = ["PPOConfig", "train_ppo"]
+__all__ = ["PPOConfig", "train_ppo", "CONFIG_KEYS"]
+
+# The Config keys train_ppo reads (the ones _check refuses with a reason included). Every other key belongs to what PPO
+# does without: the GRPO family's loss variants, its several updates per batch, reference model and tools. `minigrpo
+# ppo` refuses those flags instead of ignoring them (tests/test_ppo_trainer.py checks this list against a run's reads).
+CONFIG_KEYS = frozenset({
+    "model_name_or_path", "task", "answer_grader", "dataset_name", "dataset_config", "dataset_train_split",
+    "dataset_test_split", "eval_dataset_name", "max_prompt_length", "max_completion_length", "chat_template_kwargs",
+    "reward_funcs", "reward_weights", "reward_timeout", "overlong_buffer_len",
+    "num_generations", "generation_batch_size", "temperature", "top_p", "top_k", "max_steps", "seed", "device",
+    "use_vllm", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "shared_prefix",
+    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+    "epsilon", "learning_rate", "lr_scheduler_type", "warmup_steps", "adam_beta1", "adam_beta2", "weight_decay",
+    "max_grad_norm", "kl_in_reward",
+    "advantage_estimator", "scale_rewards", "std_type", "multi_objective_aggregation", "pass_k",  # grpo_advantages
+    "dtype", "bf16", "gradient_checkpointing", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+    "eval_steps", "eval_limit", "eval_num_problems", "eval_num_samples", "logging_steps", "log_completions",
+    "log_completions_groups", "report_to", "output_dir", "overwrite_output_dir", "save_model",
+    # refused by _check, each with its reason
+    "beta", "fp16", "dynamic_sampling", "mask_truncated_completions", "num_remains_in_group", "resume_from_checkpoint",
+    "save_steps", "fsdp", "fsdp_config",
+})
 
 
 @dataclass

@@ -310,7 +310,8 @@ def run_summary(cfg, task, model_name, *, before: dict, after: dict, num_test_pr
     """summary.json: the run's settings that matter for comparing runs, accuracy and completion length before
     and after training, cost. extra: what one trainer adds (PPO: its critic's size and settings)."""
     return finite_or_none({
-        "task": task.name, "model": str(model_name), "dataset": cfg.dataset_name, "loss_type": cfg.loss_type,
+        "task": task.name, "model": str(model_name), "dataset": cfg.dataset_name,
+        "loss_type": extra["loss_type"] if "loss_type" in extra else cfg.loss_type,  # PPO's is "ppo"
         "seed": cfg.seed, "steps": cfg.max_steps, "wall_seconds": round(wall_seconds, 2),
         "accuracy_before": before["accuracy_greedy"], "accuracy_after": after["accuracy_greedy"],
         "accuracy_before_sampled": before.get("accuracy_sampled"), "accuracy_after_sampled": after.get("accuracy_sampled"),

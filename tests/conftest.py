@@ -1,4 +1,7 @@
+import dataclasses
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +94,32 @@ def reward_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(source).save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def config_reads():
+    """(recording, read): recording(cfg) is cfg as a Config that adds to the set `read` the name of each field that
+    code reads from it, its own checks and dataclasses' copying aside: the keys a command's CONFIG_KEYS must hold."""
+    from minigrpo.config import Config
+
+    fields, read = {f.name for f in dataclasses.fields(Config)}, set()
+    own = ("__post_init__", "validate", "to_dict", "_normalise_values")  # and _validate_*: Config checking itself
+
+    def config_itself(frame) -> bool:
+        while frame is not None:
+            file, name = Path(frame.f_code.co_filename).name, frame.f_code.co_name
+            if file == "dataclasses.py" or (file == "config.py" and (name in own or name.startswith("_validate"))):
+                return True
+            frame = frame.f_back
+        return False
+
+    class Recording(Config):
+        def __getattribute__(self, name):
+            if name in fields and not config_itself(sys._getframe(1)):
+                read.add(name)
+            return object.__getattribute__(self, name)
+
+    def recording(cfg):
+        return Recording(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
+
+    return recording, read

@@ -236,12 +236,15 @@ def test_bad_flags_are_one_line_naming_the_key(capsys, argv, expected):
     (["reward-model", "--max-steps", "1"], "minigrpo reward-model: error: max_steps: the reward-model trainer runs "
                                            "--num-train-epochs over its rows (a fraction such as 0.5 for a shorter "
                                            "run); it has no step budget"),
-    (["reward-model", "--beta", "0.1"], "minigrpo reward-model: error: beta: a `minigrpo train` setting that the "
-                                        "reward-model trainer does not read (the settings it reads: minigrpo "
-                                        "reward-model --help)"),
-    (["reward-model", "--bf16"], "minigrpo reward-model: error: bf16: a `minigrpo train` setting that the "
-                                 "reward-model trainer does not read (the settings it reads: minigrpo reward-model "
-                                 "--help)"),
+    (["reward-model", "--beta", "0.1"], "minigrpo reward-model: error: beta: a `minigrpo train` setting that "
+                                        "`minigrpo reward-model` does not read (`minigrpo reward-model --help` says "
+                                        "which it reads)"),
+    (["reward-model", "--bf16"], "minigrpo reward-model: error: bf16: a `minigrpo train` setting that `minigrpo "
+                                 "reward-model` does not read (`minigrpo reward-model --help` says which it reads)"),
+    (["ppo", "--epsilon-high", "0.28"], "minigrpo ppo: error: epsilon_high: a `minigrpo train` setting that `minigrpo "
+                                        "ppo` does not read (`minigrpo ppo --help` says which it reads)"),
+    (["ppo", "--tools", "calculator"], "minigrpo ppo: error: tools: a `minigrpo train` setting that `minigrpo ppo` "
+                                       "does not read (`minigrpo ppo --help` says which it reads)"),
 ])
 def test_a_commands_own_keys_are_offered_and_settings_it_ignores_are_named(capsys, argv, expected):
     assert main(argv) == 2

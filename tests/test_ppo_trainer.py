@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from minigrpo.config import Config, ConfigError
-from minigrpo.ppo_trainer import PPOConfig, train_ppo
+from minigrpo.ppo_trainer import CONFIG_KEYS, PPOConfig, train_ppo
 from minigrpo.rewards import RewardError
 
 SMALL = dict(max_steps=2, num_generations=4, generation_batch_size=16, eval_steps=1, eval_num_problems=8,
@@ -25,8 +25,8 @@ def always_half(prompts, completions, **row):
     return [float(i % 2) for i in range(len(completions))]
 
 
-def run(tmp_path, model_dir, ppo=None, name="run", funcs=(always_half,), **overrides):
-    cfg = Config(model_name_or_path=str(model_dir), output_dir=str(tmp_path / name), **{**SMALL, **overrides})
+def run(tmp_path, model_dir, ppo=None, name="run", funcs=(always_half,), wrap=lambda cfg: cfg, **overrides):
+    cfg = wrap(Config(model_name_or_path=str(model_dir), output_dir=str(tmp_path / name), **{**SMALL, **overrides}))
     summary = train_ppo(cfg, ppo, reward_funcs=list(funcs) if funcs else None, progress=False)
     lines = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
@@ -36,8 +36,10 @@ def run(tmp_path, model_dir, ppo=None, name="run", funcs=(always_half,), **overr
 @pytest.mark.parametrize("ppo", [PPOConfig(), PPOConfig(num_ppo_epochs=2, num_mini_batches=2, kl_coef=0.05, lam=1.0,
                                                         whiten_advantages=False, critic_learning_rate=None)],
                          ids=["defaults", "epochs-minibatches-kl"])
-def test_the_loop_writes_the_run_directory_with_finite_metrics(tmp_path, random_model_dir, ppo):
-    summary, lines = run(tmp_path, random_model_dir, ppo)
+def test_the_loop_writes_the_run_directory_with_finite_metrics(tmp_path, random_model_dir, ppo, config_reads):
+    recording, read = config_reads  # the Config keys the run reads: each one `minigrpo ppo` lets through
+    summary, lines = run(tmp_path, random_model_dir, ppo, wrap=recording)
+    assert read <= CONFIG_KEYS and {"epsilon", "temperature", "learning_rate"} <= read, read - CONFIG_KEYS
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
         assert GRPO_KEYS | PPO_KEYS <= line.keys(), (GRPO_KEYS | PPO_KEYS) - line.keys()
@@ -74,8 +76,10 @@ def test_config_settings_ppo_does_not_honour_are_refused(tmp_path, random_model_
         run(tmp_path, random_model_dir, **overrides)
 
 
-def test_lora_trains_an_adapter_on_the_policy_and_one_on_its_critic(tmp_path, random_model_dir):
-    summary, lines = run(tmp_path, random_model_dir, use_peft=True, lora_r=4, max_steps=1)
+def test_lora_trains_an_adapter_on_the_policy_and_one_on_its_critic(tmp_path, random_model_dir, config_reads):
+    recording, read = config_reads
+    summary, lines = run(tmp_path, random_model_dir, use_peft=True, lora_r=4, max_steps=1, wrap=recording)
+    assert read <= CONFIG_KEYS and "lora_r" in read, read - CONFIG_KEYS  # `minigrpo ppo` lets LoRA's keys through
     assert summary["trainable_params"] < summary["total_params"] // 2  # the two bases stay frozen
     assert lines[0]["vf_loss"] > 0 and lines[0]["grad_norm"] > 0
 

@@ -1,10 +1,7 @@
 """The reward-model trainer on the shipped tiny model: rows in TRL's format or made from a policy and a checker,
 Bradley–Terry or BCE, full / LoRA / QLoRA, judged on held-out rows, saved so that transformers loads it unchanged."""
 
-import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -57,28 +54,15 @@ def test_evaluation_by_hand():
     assert evaluate_reward_model(fake, pairs) == pytest.approx({"pairwise_accuracy": 0.5, "num_pairs": 2, "auc": 0.5})
 
 
-def recording(cfg: Config, read: set) -> Config:
-    """cfg, as a Config that adds to `read` the name of each field read outside config.py and dataclasses' copying."""
-    fields = {f.name for f in dataclasses.fields(Config)}
-
-    class Recording(Config):
-        def __getattribute__(self, name):
-            if name in fields and Path(sys._getframe(1).f_code.co_filename).name not in ("config.py", "dataclasses.py"):
-                read.add(name)
-            return object.__getattribute__(self, name)
-
-    return Recording(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Config)})
-
-
 @pytest.mark.parametrize("loss, peft", [("bradley_terry", {}), ("bce", {"use_peft": True}),
                                         ("bradley_terry", {"use_peft": True, "load_in_4bit": True})])
-def test_trains_judges_and_saves_a_model_transformers_loads(loss, peft, labelled, tmp_path):
+def test_trains_judges_and_saves_a_model_transformers_loads(loss, peft, labelled, tmp_path, config_reads):
     train, held_out = labelled
     rows = labelled_pairs(train) if loss == "bradley_terry" else train
     if loss == "bradley_terry":  # TRL's margin column, on half the pairs: a clearer preference asks for a larger gap
         rows = [{**r, "margin": float(i % 2)} for i, r in enumerate(rows)]
-    read = set()  # the Config keys the run reads (LoRA's and 4-bit's among them): each one the CLI lets through
-    cfg = recording(Config(output_dir=str(tmp_path / "rm"), learning_rate=1e-3, eval_steps=1, lora_r=4, **peft), read)
+    recording, read = config_reads  # the Config keys the run reads (LoRA's and 4-bit's among them): the CLI's to let by
+    cfg = recording(Config(output_dir=str(tmp_path / "rm"), learning_rate=1e-3, eval_steps=1, lora_r=4, **peft))
     reward_cfg = RewardConfig(loss=loss, per_device_train_batch_size=16, num_train_epochs=1,
                               center_rewards_coefficient=0.01 if loss == "bradley_terry" else None)
     summary = train_reward_model(cfg, reward_cfg, train_rows=rows, eval_rows=held_out, progress=False)
@@ -107,11 +91,11 @@ def test_learning_separates_right_from_wrong(labelled, tmp_path):
     assert summary["eval"]["auc"] > 0.6
 
 
-def test_the_cli_samples_trains_and_says_where_it_saved(tmp_path, capsys, monkeypatch):
+def test_the_cli_samples_trains_and_says_where_it_saved(tmp_path, capsys, monkeypatch, config_reads):
     from minigrpo import cli
 
-    read = set()  # the Config keys the run reads: each one the CLI lets through (CONFIG_KEYS), or one it refuses
-    monkeypatch.setattr(cli, "load_config", lambda *a, **k: recording(load_config(*a, **k), read))
+    recording, read = config_reads  # the Config keys the run reads: each one the CLI lets through (CONFIG_KEYS)
+    monkeypatch.setattr(cli, "load_config", lambda *a, **k: recording(load_config(*a, **k)))
     out = tmp_path / "rm"
     assert main(["reward-model", "--out", str(out), "--loss", "bce", "--num-prompts", "8", "--eval-num-prompts", "4",
                  "--num-generations", "4", "--per-device-train-batch-size", "16", "--learning-rate", "1e-3"]) == 0
