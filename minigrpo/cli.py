@@ -1,4 +1,5 @@
-"""`python -m minigrpo train | eval | plot | show | bench | memory | ppo | reward-model` (also installed as `minigrpo`).
+"""`python -m minigrpo train | eval | plot | show | bench | bench-length | bench-logprobs | memory | ppo | reward-model |
+options` (also installed as `minigrpo`).
 
     minigrpo train                                  # the embedded demo: tiny model, think_addition, GRPO, on CPU
     minigrpo train --loss-type dr_grpo --max-steps 100 --out runs/drgrpo
