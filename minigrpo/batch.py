@@ -36,6 +36,7 @@ class Batch:
     zero_std: torch.Tensor | None = None  # (N,) True where the group's rewards are all equal
     tool_counts: dict = field(default_factory=dict)  # (N,) tensors: calls, failed, turns (with tools)
     messages: list | None = None  # with tools: each completion as TRL's messages (what reward functions get)
+    logged_columns: dict = field(default_factory=dict)  # {column: N values} reward functions' log_extra
     # the trainer's, before the update
     loss_mask: torch.Tensor | None = None  # (N, T) the tokens the loss acts on
     old_logp: torch.Tensor | None = None  # (N, T) log pi_old; None: on-policy, the ratio is 1
@@ -95,8 +96,10 @@ class Batch:
         """The completions at rows (indices (n,), or a bool mask (N,))."""
         idx = rows.nonzero().squeeze(1) if rows.dtype == torch.bool else rows
         pick = lambda v: None if v is None else [v[i] for i in idx] if isinstance(v, list) else v[idx]  # noqa: E731
-        picked = {name: pick(value) for name, value in self._per_completion() if name != "tool_counts"}
-        return dataclasses.replace(self, **picked, tool_counts={k: v[idx] for k, v in self.tool_counts.items()})
+        picked = {name: pick(value) for name, value in self._per_completion()
+                  if name not in ("tool_counts", "logged_columns")}
+        return dataclasses.replace(self, **picked, tool_counts={k: v[idx] for k, v in self.tool_counts.items()},
+                                   logged_columns={k: pick(v) for k, v in self.logged_columns.items()})
 
     @classmethod
     def concat(cls, parts: list["Batch"], pad_id: int, size: int) -> "Batch":
@@ -108,6 +111,10 @@ class Batch:
             values = [getattr(p, f.name) for p in parts]
             if f.name == "tool_counts":
                 out[f.name] = {k: torch.cat([v[k] for v in values])[:size] for k in values[0]}
+            elif f.name == "logged_columns":  # a column some rounds lack: None in their rows
+                columns = {k for v in values for k in v}
+                out[f.name] = {k: sum((v.get(k, [None] * len(p)) for v, p in zip(values, parts)), [])[:size]
+                               for k in sorted(columns)}
             elif any(v is None for v in values):
                 out[f.name] = None
             elif isinstance(values[0], list):

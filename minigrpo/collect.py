@@ -23,6 +23,7 @@ from .generation.engines import sampling_options
 from .logprobs import completion_logprobs
 from .parallel import processes
 from .prompts import completions_for_rewards
+from .reward_logs import RewardLogs
 from .rewards import combine_rewards, score_completions
 from .step_rewards import step_tensors, steps_with_outcome, token_starts
 from .tools import ToolSetup
@@ -31,7 +32,8 @@ __all__ = ["collect_batch", "sample_round"]
 
 
 def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, reward_weights: list[float], max_len: int,
-                 policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None) -> Batch:
+                 policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None,
+                 reward_logs: RewardLogs | None = None) -> Batch:
     """Sample G completions for each prompt row, score them, and compute their advantages: a Batch.
 
     policy, ref_model: for kl_in_reward, which subtracts beta * KL(policy || ref) from each reward, and (policy) for
@@ -40,8 +42,10 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     With num_remains_in_group (GFPO), only the kept k of each group's G completions are returned. With ReMax, each
     prompt's greedy completion is sampled with its group (one more row), scored, and kept only as the baseline.
     on_phase(text): told what is about to take time ("sampling ...", "scoring ..."), e.g. a progress bar's
-    postfix; the place where a slow scorer (a reward model) is announced."""
+    postfix; the place where a slow scorer (a reward model) is announced. reward_logs: the run's trainer_state and
+    loggers, handed to every reward function as TRL hands them (reward_logs.py; None: a state at step 0)."""
     G = cfg.num_generations
+    reward_logs = reward_logs or RewardLogs()
     say = on_phase or (lambda text: None)
     needs = advantages.ESTIMATOR_NEEDS.get(cfg.advantage_estimator, frozenset())
     greedy = " and a greedy one per prompt" if "greedy_rewards" in needs else ""  # ReMax's baseline
@@ -52,9 +56,10 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
         sampled = torch.arange(len(roll.completions)) % (G + 1) < G
         roll, rows = roll.select(torch.cat([sampled.nonzero()[:, 0], (~sampled).nonzero()[:, 0]])), rows + prompt_rows
 
-    # Score: every reward function gets TRL's arguments — prompts, completions, and every dataset column.
+    # Score: every reward function gets TRL's arguments — prompts, completions, and every dataset column but those
+    # TRL leaves out (a reference "completion" column is not the sampled one).
     prompts = [r["prompt"] for r in rows]  # strings, or lists of chat messages
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion", "completion_ids")}
     columns["completion_ids"] = [ids[m.bool()].tolist() for ids, m in zip(roll.completion_ids, roll.completion_mask)]
     if tools and roll.environments is not None:  # TRL's name: reward functions read each completion's environment
         columns["environments"] = roll.environments
@@ -64,7 +69,8 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
     say(f"scoring {len(completions)} completions with {len(reward_funcs)} reward function(s)")
     graded_steps = {}  # {j: each completion's StepRewards} from the function j that grades steps, if any
     rewards_per_func, unscorable = score_completions(reward_funcs, prompts, completions, columns, steps=graded_steps,
-                                                     timeout=cfg.reward_timeout or None)
+                                                     timeout=cfg.reward_timeout or None, context=reward_logs.kwargs())
+    logged_columns = reward_logs.take_columns(len(completions))  # log_extra's: one value per completion
     steps = _step_tensors(engine, roll, columns["completion_ids"], graded_steps)  # (N, K) each, or None
     if steps is not None:  # a step reward beyond float32 (inf) makes its completion unscorable, as a reward does
         unscorable = unscorable | steps[0].isinf().any(1)
@@ -75,8 +81,10 @@ def sample_round(cfg, engine, prompt_rows: list[dict], reward_funcs: list, rewar
         greedy_rewards, rewards, rewards_per_func = rewards[N:], rewards[:N], rewards_per_func[:N]
         steps = None if steps is None else (steps[0][:N], steps[1][:N])
         roll, rows = roll.select(torch.arange(N)), rows[:N]
+        logged_columns = {column: values[:N] for column, values in logged_columns.items()}
     batch = Batch(roll.prompt_ids, roll.prompt_mask, roll.completion_ids, roll.completion_mask, roll.is_truncated,
-                  rewards, rewards_per_func, roll.completions, rows, sampling_logp=roll.sampling_logp)
+                  rewards, rewards_per_func, roll.completions, rows, sampling_logp=roll.sampling_logp,
+                  logged_columns=logged_columns)
     if steps is not None:
         batch.step_rewards, batch.step_end = steps[0].masked_fill(rewards.isnan().unsqueeze(1), float("nan")), steps[1]
     if tools:
@@ -194,9 +202,10 @@ def _sample(cfg, engine, rows: list[dict], max_len: int, tools: ToolSetup | None
 
 
 def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, reward_weights: list[float], max_len: int,
-                  policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None) -> Batch:
-    """Steps 1-3 of the loop: a Batch of this process's generation_batch_size / W completions. on_phase: see
-    sample_round.
+                  policy=None, ref_model=None, tools: ToolSetup | None = None, on_phase=None,
+                  reward_logs: RewardLogs | None = None) -> Batch:
+    """Steps 1-3 of the loop: a Batch of this process's generation_batch_size / W completions. on_phase,
+    reward_logs: see sample_round.
 
     With dynamic_sampling (DAPO, Yu et al. 2025, sec. 3.2), groups whose rewards are all equal (advantage 0:
     nothing to learn) are dropped and more prompts are sampled until the batch is full, for at most
@@ -204,7 +213,7 @@ def collect_batch(cfg, engine, sampler: PromptSampler, reward_funcs: list, rewar
     useful group, the last round is kept whole (every advantage 0)."""
     num_prompts = cfg.generation_batch_size // cfg.num_generations // processes.world_size()
     sample = lambda: sample_round(cfg, engine, sampler.take(num_prompts), reward_funcs, reward_weights,  # noqa: E731
-                                  max_len, policy, ref_model, tools, on_phase)
+                                  max_len, policy, ref_model, tools, on_phase, reward_logs)
     batch = sample()
     zero_std_sampled = [batch.zero_std]
     if cfg.dynamic_sampling:

@@ -36,7 +36,9 @@ FSDP_OPTIONS = {
 class Config:
     # --- model, task, run ---
     model_name_or_path: str | None = None  # HF hub name or local dir; None = the task's shipped tiny model
-    task: str = "think_addition"  # minigrpo: the grader: think_addition, addition, countdown, gsm8k, answer (tasks/)
+    # minigrpo: the grader: think_addition, addition, long_addition, tool_addition, countdown, gsm8k, answer,
+    # reasoning_gym (tasks/)
+    task: str = "think_addition"
     # how the answer and gsm8k tasks compare a final answer: "numeric" (tasks/answers.py, the lesson) or
     # "math_verify" (LaTeX: \frac{3}{4}, intervals; extra minigrpo[math], run in an isolated worker)
     answer_grader: str = "numeric"
@@ -115,10 +117,11 @@ class Config:
     # the tool wrote, the classic multi-turn bug). Never set it to train a model.
     train_on_tool_output: bool = False
     # --- rewards and advantages ---
-    # names (correctness, format, r1_format, r1_format_soft, overlong, random; step checkers for process supervision:
-    # steps, the task's own, arithmetic_steps, any chain of equations) or your own as module:function or
+    # names (correctness, format, r1_format, r1_format_soft, overlong, random, math_verify; step checkers for process
+    # supervision: steps, the task's own, arithmetic_steps, any chain of equations) or your own as module:function or
     # path/to/file.py:function, with TRL's signature (rewards.build_reward_funcs), or a reward model's directory
-    # (a sequence-classification model, scored as TRL scores it: reward_models/outcome.py)
+    # (a sequence-classification model, scored as TRL scores it: reward_models/outcome.py; a process reward model
+    # that `minigrpo reward-model --loss step_labels` trained: reward_models/process.py)
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness"])
     reward_weights: list[float] | None = None  # one per reward function; None = all 1
     reward_timeout: float = 600.0  # minigrpo: seconds a reward function may take on a batch, then it is named (0: none)
@@ -190,8 +193,10 @@ class Config:
     gradient_accumulation_steps: int = 1
     # --- optimizer ---
     learning_rate: float = 1e-4  # AdamW's peak learning rate (TRL's default: 1e-6)
-    lr_scheduler_type: str = "constant"  # "constant" or "linear" (decay to 0, TRL's default)
-    warmup_steps: int = 0  # steps (batches, as max_steps counts them) of linear warm-up from 0 to learning_rate
+    # "constant" or "linear" (from the peak, after the warm-up, to 0 at max_steps: TRL's default)
+    lr_scheduler_type: str = "constant"
+    # steps (batches, as max_steps counts them) of linear warm-up: (step + 1) / warmup_steps of learning_rate
+    warmup_steps: int = 0
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     adam_beta1: float = 0.9  # AdamW's beta1 (decay of the mean of the gradients)
     adam_beta2: float = 0.999  # AdamW's beta2 (decay of the mean of their squares)
@@ -251,7 +256,8 @@ class Config:
             raise ConfigError("steps_per_generation: must divide generation_batch_size")
         if self.report_to and "none" in self.report_to:
             self.report_to = [n for n in self.report_to if n != "none"] or None
-        for key in ("eval_steps", "eval_num_samples", "save_steps", "log_completions_groups", "logging_steps"):
+        for key in ("eval_steps", "eval_num_samples", "save_steps", "log_completions_groups", "logging_steps",
+                    "warmup_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("eval_num_problems", "eval_limit", "save_total_limit"):  # None allowed where the type says so
@@ -289,10 +295,16 @@ class Config:
         """What Python hands over in TRL's or peft's forms: one string for a list (report_to="tensorboard"),
         lora_target_modules="all-linear"; and objects where a name belongs, refused in one line that says where
         the object goes."""
-        hints = _field_types()
+        hints = _field_types(type(self))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, str) and "list[" in str(f.type):
+            if value is None and type(None) not in get_args(hints[f.name]):
+                if f.name != "top_k":  # None: no top-k (TRL's default before 1.0), as 0 is here
+                    kind = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+                        _base_type(hints[f.name]), "given")
+                    raise ConfigError(f"{f.name}: must be {kind}, got None")
+                self.top_k = 0
+            elif isinstance(value, str) and "list[" in str(f.type):
                 setattr(self, f.name, [item.strip() for item in value.split(",") if item.strip()])
             elif isinstance(value, str) and _base_type(hints[f.name]) in (int, float, bool):
                 setattr(self, f.name, coerce_value(f.name, value, hints[f.name]))  # "1e-4", as a flag or YAML gives it
@@ -342,8 +354,9 @@ class Config:
             if not isinstance(value, bool):
                 raise ConfigError(f"fsdp_config: {key} must be true or false, got {value!r}")
         if self.fsdp and self.use_vllm:
-            raise ConfigError("fsdp: not with use_vllm (its engine would need the whole weights gathered at each sync); "
-                              "use fsdp with the policy's own sampling, or vLLM with DistributedDataParallel (fsdp '')")
+            raise ConfigError("fsdp: not with use_vllm (vLLM runs in one training process, and its engine would need "
+                              "the whole weights gathered at each sync); use fsdp with the policy's own sampling, or "
+                              "use_vllm in one process")
         if self.fsdp and self.load_in_4bit:
             raise ConfigError("fsdp: not with load_in_4bit (bitsandbytes' 4-bit weights cannot be sharded by FSDP2); "
                               "shard LoRA on a bfloat16 base (dtype bfloat16), or run QLoRA without fsdp")
@@ -565,9 +578,9 @@ ALIASES = {"out": "output_dir", "model": "model_name_or_path", "resume": "resume
 
 
 @functools.cache
-def _field_types() -> dict:
-    """Config's fields' types, resolved (the annotations are strings)."""
-    return get_type_hints(Config)
+def _field_types(cls: type | None = None) -> dict:
+    """Config's fields' types (or a subclass's: GRPOConfig's), resolved (the annotations are strings)."""
+    return get_type_hints(cls or Config)
 
 
 def _base_type(annotation: Any) -> Any:

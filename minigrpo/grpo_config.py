@@ -19,6 +19,13 @@ minigrpo's names. Where TRL and minigrpo count differently:
     save_strategy "no" / "steps" / "epoch"         save_steps (0: no checkpoints), in batches
     logging_steps                                  logging_steps (a printed line), in batches; metrics.jsonl
                                                    holds every step either way
+    warmup_steps W (optimizer steps)               warmup_steps = W // (S / A x num_iterations) + 1 batches: the
+                                                   learning rate is set once a batch, (step + 1) / warmup_steps of
+                                                   the peak, which it reaches in the batch that holds TRL's (TRL
+                                                   starts from 0 and reaches it at optimizer step W), then decays
+                                                   linearly to 0 at max_steps as TRL's does (run.lr_lambda)
+    warmup_, logging_, save_, eval_steps below 1   (transformers 5) a fraction of the run's optimizer steps, then
+                                                   as above
     bf16 None                                      True on a GPU, False on the CPU and with fp16 (TRL: not fp16)
     use_bias_correction_kl True                    only with beta > 0 (no KL term, nothing to correct)
     scale_rewards True / False                     "group" / "none"
@@ -44,6 +51,11 @@ from .config import Config, ConfigError, did_you_mean
 from .trl_names import IGNORED, TRL_RENAMED, UNSUPPORTED, trl_advice, unknown_key_line  # noqa: F401 - also here
 
 __all__ = ["GRPOConfig", "UNSUPPORTED", "IGNORED", "TRL_RENAMED", "trl_advice", "unknown_key_line"]
+
+
+# model_init_kwargs' entries that change nothing at these values (from_pretrained's defaults), as TRL's scripts set them
+INIT_DEFAULTS = {"revision": (None, "main"), "trust_remote_code": (False,), "attn_implementation": (None,),
+                 "device_map": (None,), "quantization_config": (None,)}
 
 
 @dataclass(init=False)
@@ -73,12 +85,14 @@ class GRPOConfig(Config):
     # DeepSeek-V3.2's unbiased KL (TRL's default True); it applies only with beta > 0
     use_bias_correction_kl: bool = True
     scale_rewards: str = "group"  # group, batch, none (TRL also takes True = group, False = none)
-    save_steps: int = 500  # TRL: checkpoint every N optimizer steps (with save_strategy "steps")
+    # TRL (transformers 5): optimizer steps of linear warm-up; below 1, a fraction of the run's optimizer steps
+    warmup_steps: float = 0
+    save_steps: float = 500  # TRL: checkpoint every N optimizer steps (save_strategy "steps"; below 1: a fraction)
     save_strategy: str = "steps"  # TRL: "no", "steps" or "epoch"
     save_total_limit: int | None = None  # keep the newest N checkpoints (None: all, TRL's default)
     eval_strategy: str = "no"  # TRL: "no" (minigrpo still evaluates before and after), "steps" or "epoch"
-    eval_steps: int | None = None  # TRL: with eval_strategy "steps", every N optimizer steps (None: logging_steps)
-    logging_steps: int = 10  # print one line of metrics every N optimizer steps (TRL's default 10)
+    eval_steps: float | None = None  # TRL: with eval_strategy "steps", every N optimizer steps (None: logging_steps)
+    logging_steps: float = 10  # print one line of metrics every N optimizer steps (TRL's default 10; below 1: a fraction)
     report_to: None | str | list[str] = "none"  # TRL: "none", "tensorboard", "wandb", or a list of them
     fsdp: None | str | list[str] = None  # TRL: "full_shard ..." (FSDP2 on every block) or None
     model_init_kwargs: dict | None = None  # TRL: from_pretrained's arguments; minigrpo reads "dtype" / "torch_dtype"
@@ -110,6 +124,7 @@ class GRPOConfig(Config):
     def validate(self) -> None:
         """Construction checks the mapping and every value, as the Config would (the number of training rows is
         not known yet: max_steps -1 is checked as one batch)."""
+        self._normalise_values()  # strings read as flags are, None where a value is needed refused
         for key, allowed in (("save_strategy", ("no", "steps", "epoch")), ("eval_strategy", ("no", "steps", "epoch"))):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(allowed)} (minigrpo keeps "
@@ -141,15 +156,31 @@ class GRPOConfig(Config):
                               f"a batch of {generation} completions over {world_size} process(es) needs it to be a "
                               f"multiple of gradient_accumulation_steps={A} (got {S})")
         updates = S // A * self.num_iterations  # optimizer steps per generated batch: TRL counts these
-        batches = lambda optimizer_steps: max(1, math.ceil(optimizer_steps / updates))  # noqa: E731
         prompts = generation // self.num_generations
         epoch = max(1, (num_train_rows or prompts) // max(1, prompts))  # batches per pass over the prompts
-        steps = batches(self.max_steps) if self.max_steps > 0 else max(1, math.ceil(self.num_train_epochs * epoch))
+        steps = (max(1, math.ceil(self.max_steps / updates)) if self.max_steps > 0
+                 else max(1, math.ceil(self.num_train_epochs * epoch)))
+
+        for key in ("warmup_steps", "logging_steps", "save_steps", "eval_steps"):
+            if getattr(self, key) is not None and not getattr(self, key) >= 0:
+                raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)!r}")
+
+        def optimizer_steps(value: float) -> int:  # transformers 5: below 1, a fraction of the run's
+            return math.ceil(value * steps * updates) if value < 1 else value
+
+        def batches(value: float) -> int:  # TRL's optimizer steps as minigrpo's batches
+            return max(1, math.ceil(optimizer_steps(value) / updates))
+
+        # warm-up: minigrpo's factor (step + 1) / warmup_steps peaks at batch warmup_steps - 1 (counting from 0),
+        # the batch that holds TRL's peak, optimizer step warmup_steps
+        warmup = optimizer_steps(self.warmup_steps) // updates + 1 if self.warmup_steps else 0
+
         values.update(
             generation_batch_size=generation, steps_per_generation=S // A, max_steps=steps,
             eval_steps=self._every(self.eval_strategy, self.eval_steps or self.logging_steps, epoch, batches),
             save_steps=self._every(self.save_strategy, self.save_steps, epoch, batches),
             logging_steps=batches(self.logging_steps) if self.logging_steps else 0,
+            warmup_steps=warmup,
             task=self.task or "think_addition", report_to=self.report_to, fsdp=self._fsdp(),
             scale_rewards={True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards),
             bf16=self._bf16(), use_bias_correction_kl=self.use_bias_correction_kl and self.beta > 0,
@@ -172,13 +203,15 @@ class GRPOConfig(Config):
         return torch.cuda.is_available() and not self.use_cpu and self.device != "cpu"
 
     def _fsdp(self) -> str:
-        words = self.fsdp.split() if isinstance(self.fsdp, str) else list(self.fsdp or [])
+        words = [word for item in ([self.fsdp] if isinstance(self.fsdp, str) else self.fsdp or []) for word in
+                 item.split()]
         if words and "full_shard" not in words:
             raise ConfigError(f"fsdp: {self.fsdp!r}: minigrpo shards with FSDP2's full_shard only (--fsdp full_shard)")
         return "full_shard" if words else ""
 
     def _dtype(self) -> str:
-        init = dict(self.model_init_kwargs or {})
+        init = {key: value for key, value in (self.model_init_kwargs or {}).items()
+                if value not in INIT_DEFAULTS.get(key, ())}  # TRL's grpo.py sets these, at from_pretrained's defaults
         dtype = init.pop("dtype", init.pop("torch_dtype", None))
         if init:
             raise ConfigError(f"model_init_kwargs: minigrpo reads dtype only (set use_peft, load_in_4bit, ... as "

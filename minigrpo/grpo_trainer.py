@@ -17,7 +17,7 @@ tokenizer given in `reward_processing_classes` (None: the one saved beside it); 
 GRPOConfig (TRL's names, grpo_config.py) or minigrpo's Config; `train_dataset` / `eval_dataset` a datasets.Dataset
 or a list of rows (TRL's "prompt" column, a string or chat messages, and any other columns for the reward
 functions); `processing_class` the tokenizer; `peft_config` a peft LoraConfig (its r, lora_alpha, lora_dropout,
-target_modules); `tools` and `environment_factory` as in TRL. Without an eval_dataset the last tenth of
+target_modules); `quantization_config` a 4-bit BitsAndBytesConfig (QLoRA); `tools` and `environment_factory` as in TRL. Without an eval_dataset the last tenth of
 train_dataset is held out for minigrpo's before / after evaluation, as for a single file (said when training
 starts). What minigrpo does not have (callbacks, optimizers, rollout_func) is refused in one line.
 
@@ -42,7 +42,8 @@ class GRPOTrainer:
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | Config | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
-                 optimizers=(None, None), peft_config=None, tools=None, rollout_func=None, environment_factory=None):
+                 optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
+                 environment_factory=None):
         refused = {"callbacks": (callbacks, "minigrpo has no callbacks: read metrics.jsonl, or report_to"),
                    "optimizers": (None if optimizers == (None, None) else optimizers,
                                   "minigrpo makes AdamW and its schedule from the config (learning_rate, ...)"),
@@ -58,14 +59,28 @@ class GRPOTrainer:
         changes = {"model_name_or_path": str(model)} if isinstance(model, (str, Path)) else {}
         if isinstance(args, GRPOConfig) and args.task is None and train_dataset is not None:
             changes["task"] = "answer"  # your rows, their final answers graded (a "solution" column counts)
-        self.args = dataclasses.replace(args, **changes, **lora_fields(peft_config)) if changes or peft_config else args
-        self.model = None if isinstance(model, (str, Path)) else model
+        changes |= lora_fields(peft_config) | quantization_fields(quantization_config)
+        self.args = dataclasses.replace(args, **changes) if changes else args
+        self._model = None if isinstance(model, (str, Path)) else model  # a loaded model is trained in place
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         self.reward_funcs = with_processing_classes(reward_funcs, reward_processing_classes,
                                                     getattr(self.args, "chat_template_kwargs", None))
         self.train_dataset, self.eval_dataset, self.processing_class = train_dataset, eval_dataset, processing_class
         self.tools, self.environment_factory = tools, environment_factory
         self.summary: dict | None = None
+
+    @property
+    def model(self):
+        """The model: the one given, trained in place; given a name, None before training and after it the trained
+        model as saved (output_dir/model, loaded on first use: a LoRA run's adapter on its base)."""
+        if self._model is None and self.summary is not None and self.saved_model_dir().exists():
+            from .loading.models import load_model
+
+            self._model = load_model(self.saved_model_dir())
+        return self._model
+
+    def saved_model_dir(self) -> Path:
+        return Path(self.config().output_dir) / "model"
 
     def config(self, resume_from_checkpoint: bool | str | None = None) -> Config:
         """The Config train() runs with: GRPOConfig's TRL counts turned into minigrpo's, for this dataset's size.
@@ -85,9 +100,10 @@ class GRPOTrainer:
             cfg = dataclasses.replace(cfg, resume_from_checkpoint=resume)
         return cfg
 
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> dict:
-        """Train with minigrpo's train(); returns its summary. Ctrl-C stops with one line naming the newest
-        checkpoint and how to resume (trainer.train(resume_from_checkpoint=True))."""
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> "TrainResult | None":
+        """Train with minigrpo's train(); returns its summary, which also reads as TRL's TrainOutput (global_step,
+        training_loss, metrics). Ctrl-C stops with one line naming the newest checkpoint and how to resume
+        (trainer.train(resume_from_checkpoint=True)), and returns None."""
         from .persistence.checkpoint import stopped_line
         from .parallel.processes import say
         from .trainer import train
@@ -97,28 +113,60 @@ class GRPOTrainer:
             say("GRPOTrainer: no eval_dataset, so the last tenth of train_dataset is held out for the evaluation "
                 "before and after training")
         prompts = cfg.generation_batch_size // cfg.num_generations
-        say(f"GRPOTrainer: {cfg.max_steps} steps of {cfg.generation_batch_size} completions ({prompts} "
+        say(f"GRPOTrainer: {cfg.max_steps} step{'s' * (cfg.max_steps != 1)} of {cfg.generation_batch_size} "
+            f"completions ({prompts} "
             f"prompt{'s' * (prompts != 1)} x {cfg.num_generations}), loss {cfg.loss_type}, into {cfg.output_dir}")
         progress = not getattr(self.args, "disable_tqdm", False)
         try:
-            self.summary = train(cfg, reward_funcs=self.reward_funcs, tools=self.tools,
-                                 environment_factory=self.environment_factory, progress=progress, model=self.model,
-                                 processing_class=self.processing_class, train_dataset=self.train_dataset,
-                                 eval_dataset=self.eval_dataset)
+            summary = train(cfg, reward_funcs=self.reward_funcs, tools=self.tools,
+                            environment_factory=self.environment_factory, progress=progress, model=self._model,
+                            processing_class=self.processing_class, train_dataset=self.train_dataset,
+                            eval_dataset=self.eval_dataset)
         except KeyboardInterrupt:
             print(stopped_line(Path(cfg.output_dir), "trainer.train(resume_from_checkpoint=True)"), file=sys.stderr)
+            return None
+        updates = cfg.steps_per_generation * cfg.num_iterations
+        self.summary = TrainResult(summary, global_step=summary["steps"] * updates, run_dir=Path(cfg.output_dir))
         return self.summary
 
     def save_model(self, output_dir: str | None = None) -> Path:
         """TRL's save_model: minigrpo saved the trained model (or adapter) into output_dir/model when training
-        ended; with another folder, it is copied there. Returns the folder that holds it."""
+        ended. Into another folder it is copied; into the run's folder itself, as TRL saves there, its files are
+        linked in (hard links: no second copy on disk; copies where the file system cannot link), so that
+        from_pretrained(output_dir) loads it. Returns the folder given (output_dir/model without one)."""
         import shutil
 
-        saved = Path(self.config().output_dir) / "model"
-        if output_dir is None or Path(output_dir).resolve() in (saved.resolve(), saved.parent.resolve()):
+        saved = self.saved_model_dir()
+        if output_dir is None or Path(output_dir).resolve() == saved.resolve():
             return saved
-        shutil.copytree(saved, output_dir, dirs_exist_ok=True)
-        return Path(output_dir)
+        if Path(output_dir).resolve() != saved.parent.resolve():
+            shutil.copytree(saved, output_dir, dirs_exist_ok=True)
+            return Path(output_dir)
+        for file in (f for f in saved.iterdir() if f.is_file()):
+            target = saved.parent / file.name
+            target.unlink(missing_ok=True)
+            try:
+                os.link(file, target)
+            except OSError:
+                shutil.copy2(file, target)
+        return saved.parent
+
+
+class TrainResult(dict):
+    """train()'s summary (accuracy before and after, steps, time: summary.json), which also reads as TRL's
+    TrainOutput: global_step (optimizer steps, as TRL counts), training_loss (the mean of the logged losses) and
+    metrics (train_runtime, train_loss, and the summary's numbers)."""
+
+    def __init__(self, summary: dict, *, global_step: int, run_dir: Path):
+        super().__init__(summary)
+        import json
+
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+        losses = [m["loss"] for m in map(json.loads, lines) if m.get("loss") is not None]
+        self.global_step = global_step
+        self.training_loss = sum(losses) / len(losses) if losses else float("nan")
+        self.metrics = {"train_runtime": summary.get("wall_seconds"), "train_loss": self.training_loss,
+                        **{k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
 
 
 def with_processing_classes(reward_funcs: list, processing_classes, chat_template_kwargs: dict | None) -> list:
@@ -137,6 +185,17 @@ def with_processing_classes(reward_funcs: list, processing_classes, chat_templat
     return [load_reward_model(func, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs)
             if tokenizer is not None and is_reward_model(func) else func
             for func, tokenizer in zip(reward_funcs, classes, strict=True)]
+
+
+def quantization_fields(quantization_config) -> dict:
+    """TRL's quantization_config, a transformers BitsAndBytesConfig, as minigrpo's fields: load_in_4bit,
+    bnb_4bit_quant_type, use_bnb_nested_quant (the compute dtype is the config's dtype). 8 bits is one line."""
+    if quantization_config is None:
+        return {}
+    if not getattr(quantization_config, "load_in_4bit", False):
+        raise ConfigError("quantization_config: minigrpo quantizes to 4 bits only (QLoRA: load_in_4bit=True)")
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": quantization_config.bnb_4bit_quant_type,
+            "use_bnb_nested_quant": bool(quantization_config.bnb_4bit_use_double_quant)}
 
 
 def lora_fields(peft_config) -> dict:

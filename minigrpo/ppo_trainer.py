@@ -57,6 +57,7 @@ from .metrics import gather_batch, step_metrics
 from .parallel import processes
 from .persistence.run_log import RunLog, write_config
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
+from .reward_logs import RewardLogs, TrainerState
 from .rewards import RewardError, reward_names
 from .run import finish_run, load_run, make_engine, make_optimizer
 
@@ -187,12 +188,15 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
 
     before = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
     wall_seconds = 0.0
+    reward_logs = RewardLogs(TrainerState(max_steps=cfg.max_steps))  # what TRL hands reward functions
     bar = tqdm(range(1, cfg.max_steps + 1), total=cfg.max_steps, desc="ppo", disable=not progress, dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-2. Sample and score, exactly as GRPO does (collect_batch also computes GRPO's advantage: logged only).
         with run.autocast():
-            batch = collect_batch(cfg, engine, sampler, run.reward_funcs, run.reward_weights, max_len)
+            reward_logs.state.global_step = step - 1  # PPO's steps: batches
+            batch = collect_batch(cfg, engine, sampler, run.reward_funcs, run.reward_weights, max_len,
+                                  reward_logs=reward_logs)
         t_generate = time.perf_counter() - t0
         rewards = batch.rewards.to(device)  # (N,)
         if rewards.isnan().any():
@@ -232,7 +236,8 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
         row = {"step": step, **row}
         row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
                    step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats)
+                   tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats,
+                   **reward_logs.take_metrics())
         if eval_due(step, cfg.eval_steps, cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         log.log(step, row, batch, correct)

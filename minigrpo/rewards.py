@@ -188,27 +188,40 @@ def _time_limit(seconds: float | None, func):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _call(func, prompts, completions, rows: dict[str, list], timeout: float | None = None) -> list:
+def _call(func, prompts, completions, rows: dict[str, list], timeout: float | None = None,
+          context: dict | None = None) -> list:
     """Call one reward function, by keyword as TRL does (`accuracy_reward(completions, solution, **kwargs)` takes
     completions first); on an exception, find the first completion it fails on and say so. timeout: seconds for the
-    whole call, the search for the culprit included (_time_limit)."""
+    whole call, the search for the culprit included (_time_limit). context: keyword arguments passed as they are
+    (TRL's trainer_state, log_metric, log_extra: reward_logs.py), not per completion as the rows' columns are."""
     with _time_limit(timeout, func):
-        return _call_and_name_the_culprit(func, prompts, completions, rows)
+        return _call_and_name_the_culprit(func, prompts, completions, rows, context or {})
 
 
-def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list]) -> list:
+def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list], context: dict) -> list:
     try:
-        values = func(prompts=prompts, completions=completions, **rows)
+        values = func(prompts=prompts, completions=completions, **rows, **context)
     except RewardTimeout:
         raise
     except Exception as batch_exc:  # noqa: BLE001 - re-raised with the culprit named
+        quiet = {**context, "log_metric": lambda *a: None, "log_extra": lambda *a: None} if context else {}
+
+        def one(i):  # the call on completion i alone (its logging dropped: this is the search, not the run)
+            func(prompts=prompts[i : i + 1], completions=completions[i : i + 1],
+                 **{k: v[i : i + 1] for k, v in rows.items()}, **quiet)
+
         for i in range(len(completions)):
-            one_row = {k: v[i : i + 1] for k, v in rows.items()}
             try:
-                func(prompts=prompts[i : i + 1], completions=completions[i : i + 1], **one_row)
+                one(i)
             except RewardTimeout:
                 raise
             except Exception as exc:  # noqa: BLE001
+                if (i == 0 and len(completions) > 1 and isinstance(exc, TypeError)  # how a bad signature fails
+                        and _fails_alike(one, len(completions) - 1, exc)):
+                    raise RewardError(
+                        f"reward function {_name(func)!r} raised on every completion tried (the first and the "
+                        f"last): {exc!r}; it is called by keyword with prompts, completions, completion_ids, each "
+                        f"dataset column, trainer_state, log_metric and log_extra, as TRL calls it") from exc
                 raise RewardError(
                     f"reward function {_name(func)!r} raised on completion {i} ({completions[i]!r}): {exc!r}"
                 ) from exc
@@ -219,6 +232,17 @@ def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list]
     return list(values)
 
 
+def _fails_alike(one, i: int, first: Exception) -> bool:
+    """Whether one(i) raises what the first completion's call raised (a signature error, not a completion's)."""
+    try:
+        one(i)
+    except RewardTimeout:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        return type(exc) is type(first) and str(exc) == str(first)
+    return False
+
+
 def score_completions(
     reward_funcs: Sequence[RewardFunc],
     prompts: list[str],
@@ -227,9 +251,11 @@ def score_completions(
     *,
     steps: dict | None = None,
     timeout: float | None = None,
+    context: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Call every reward function on the batch. `rows` maps column name -> list of N values. timeout: seconds each
-    function's call may take (reward_timeout), then a RewardTimeout naming it; None: no limit.
+    function's call may take (reward_timeout), then a RewardTimeout naming it; None: no limit. context: keyword
+    arguments every call gets as they are (RewardLogs.kwargs(): TRL's trainer_state, log_metric, log_extra).
 
     A function j may return, for a completion, StepRewards (step_rewards.py: process supervision) instead of a
     float; its entry is then the mean of its step rewards, and `steps`, when given (a dict), receives
@@ -244,7 +270,7 @@ def score_completions(
     unscorable = torch.zeros(n, dtype=torch.bool)
     step_func = None
     for j, func in enumerate(reward_funcs):
-        values = _call(func, prompts, completions, rows, timeout)
+        values = _call(func, prompts, completions, rows, timeout, context)
         if len(values) != n:
             raise RewardError(f"reward function {_name(func)!r} returned {len(values)} values for {n} completions")
         if any(isinstance(v, StepRewards) for v in values):

@@ -146,9 +146,9 @@ def claim_output_dir(cfg: Config) -> Path:
     problem = None
     if processes.is_main():
         if out.exists() and not out.is_dir():
-            problem = f"output_dir: {out} is a file, not a folder; nothing was written. Choose another --out"
+            problem = f"output_dir: {out} is a file, not a folder; nothing was written. Choose another output_dir (--out)"
         elif any(p.exists() and not p.is_dir() for p in out.parents):
-            problem = f"output_dir: {out} lies under a file, not a folder; nothing was written. Choose another --out"
+            problem = f"output_dir: {out} lies under a file, not a folder; nothing was written. Choose another output_dir (--out)"
         else:
             problem = _claim(cfg, out)
     problem = processes.broadcast_object(problem)
@@ -157,7 +157,7 @@ def claim_output_dir(cfg: Config) -> Path:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(f"output_dir: cannot make {out} ({error.strerror}); choose another --out") from None
+        raise ConfigError(f"output_dir: cannot make {out} ({error.strerror}); choose another output_dir (--out)") from None
     return out
 
 
@@ -171,14 +171,15 @@ def _claim(cfg: Config, out: Path) -> str | None:
         return None
     if not any(name in RUN_LOG_FILES for name in found):
         return (f"output_dir: {out} holds {', '.join(found)} but no run of minigrpo's (no {', '.join(RUN_LOG_FILES)}), "
-                f"and a run would write into them; nothing was written or deleted. Choose another --out")
+                f"and a run would write into them; nothing was written or deleted. Choose another output_dir (--out)")
     if cfg.overwrite_output_dir or not _holds_results(out):
         for name in found:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         return None
-    resume = f", continue that run with --resume {out}" if any((out / "checkpoints").glob("*")) else ""
+    resume = (f", continue that run with resume_from_checkpoint (--resume {out})"
+              if any((out / "checkpoints").glob("*")) else "")
     return (f"output_dir: {out} holds another run's results ({', '.join(found)}); nothing was written. Choose another "
-            f"--out{resume}, or replace it with --overwrite-output-dir")
+            f"output_dir (--out){resume}, or replace it with overwrite_output_dir (--overwrite-output-dir)")
 
 
 def record_inputs(cfg: Config, reward_funcs=None, tools=None, model=None, train_dataset=None, eval_dataset=None
@@ -400,11 +401,21 @@ def resolve_reward_funcs(cfg: Config, task: Task, max_len: int, entries: list, d
 
 
 def lr_lambda(cfg: Config):
-    """The learning rate's factor at each optimizer step: linear warm-up, then constant or linear decay to 0."""
+    """The learning rate's factor at each step (batch, counted from 0), transformers' schedules stepped once a batch:
+
+        warm-up W > 0     (step + 1) / W              rising to 1 at step W - 1, the peak (transformers: from 0)
+        then constant     1
+        or linear         (T - step) / (T - peak)     from 1 at the peak (W - 1, or 0 without warm-up) to 0 at T
+    """
+    warmup, total = cfg.warmup_steps, cfg.max_steps
+    peak = max(warmup - 1, 0)
+
     def factor(step: int) -> float:
-        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
-        decay = max(0.0, 1 - step / cfg.max_steps) if cfg.lr_scheduler_type == "linear" else 1.0
-        return warm * decay
+        if step < peak:
+            return (step + 1) / warmup
+        if cfg.lr_scheduler_type != "linear":
+            return 1.0
+        return max(0.0, (total - step) / max(1, total - peak))
 
     return factor
 

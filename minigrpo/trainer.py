@@ -57,6 +57,7 @@ from .objectives import policy_loss
 from .parallel import processes
 from .persistence.checkpoint import checkpoint_due, save_step_checkpoint, start_or_resume
 from .persistence.run_log import RunLog, write_config
+from .reward_logs import RewardLogs, TrainerState
 from .rewards import reward_names
 from .run import finish_run, load_run, make_engine, make_optimizer, record_inputs
 from .sandbox.isolation import take_failed_count
@@ -117,15 +118,18 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         run_state["before"] = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
                                                label=progress and "before training")
 
+    updates = cfg.steps_per_generation * cfg.num_iterations  # optimizer steps per batch, TRL's unit of steps
+    reward_logs = RewardLogs(TrainerState(max_steps=cfg.max_steps * updates))  # what TRL hands reward functions
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and processes.is_main()), dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
+        reward_logs.state.global_step = (step - 1) * updates
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (collect.py).
         # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
         with run.autocast(), processes.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools,
-                                  on_phase=bar.set_postfix_str)  # the bar names the phase: sampling, scoring
+                                  on_phase=bar.set_postfix_str, reward_logs=reward_logs)  # the bar names the phase
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
         bar.set_postfix_str("updating")
@@ -146,6 +150,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
         row, correct = step_row(step, batch, task, step_stats, log, sampling_stats, learning_rate=learning_rate,
                                 step_seconds=step_seconds, generate_seconds=t_generate)
+        row.update(reward_logs.take_metrics())  # what reward functions logged with log_metric
         if eval_due(step, cfg.eval_steps, cfg.max_steps):
             bar.set_postfix_str(f"evaluating on {min(cfg.eval_num_problems, len(run.test_rows))} problems")
             result = evaluate_on_main(policy, evaluate_on, run.test_rows[: cfg.eval_num_problems])

@@ -16,7 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from peft import LoraConfig
+from transformers import BitsAndBytesConfig
 
 from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.cli import main, options_markdown
@@ -141,6 +144,58 @@ def test_trl_counts_become_minigrpos():
     assert (epochs.max_steps, epochs.save_steps, epochs.eval_steps) == (30, 12, 0)
 
 
+@pytest.mark.parametrize("warmup, steps_per_generation, max_steps", [(4, 4, 8), (0.5, 4, 8), (10, 1, 100),
+                                                                     (0.1, 2, 40), (3, 2, 40), (1, 1, 10)])
+def test_trl_warmup_peaks_in_the_batch_that_holds_trls_peak(warmup, steps_per_generation, max_steps):
+    """TRL steps its schedule once per optimizer step (from 0, at the peak at step W, transformers 5 reading W < 1 as
+    a fraction of the run), minigrpo once per batch of steps_per_generation optimizer steps: the same peak batch."""
+    from transformers import TrainingArguments, get_linear_schedule_with_warmup
+
+    from minigrpo.run import lr_lambda
+
+    args = GRPOConfig("out", per_device_train_batch_size=4, steps_per_generation=steps_per_generation,
+                      num_generations=4, max_steps=max_steps, warmup_steps=warmup)
+    cfg = args.to_config(num_train_rows=100)
+    trl_warmup = TrainingArguments("out", warmup_steps=warmup).get_warmup_steps(max_steps)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    schedule = get_linear_schedule_with_warmup(optimizer, trl_warmup, max_steps)
+    trl_lr = []
+    for _ in range(max_steps):
+        trl_lr.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    ours = [lr_lambda(cfg)(step) for step in range(cfg.max_steps)]
+    peak_batch = trl_lr.index(max(trl_lr)) // steps_per_generation
+    assert ours.index(1.0) == peak_batch
+    assert all(0 < a < b for a, b in zip(ours[:peak_batch], ours[1:peak_batch + 1]))  # rising, never 0
+    if steps_per_generation == 1:  # one optimizer step a batch: from the peak on, TRL's schedule to the bit
+        assert ours[peak_batch:] == trl_lr[peak_batch:]
+
+
+def test_the_learning_rate_schedule_by_hand():
+    from minigrpo.run import lr_lambda
+
+    def factors(**kw):
+        cfg = Config(**kw)
+        return [lr_lambda(cfg)(step) for step in range(cfg.max_steps)]
+
+    assert factors(max_steps=5, lr_scheduler_type="linear") == [1.0, 0.8, 0.6, 0.4, 0.2]  # (5 - step) / 5
+    # warm-up 3: 1/3, 2/3, then the peak at step 2 and (6 - step) / (6 - 2) down to 0 at step 6
+    assert factors(max_steps=6, warmup_steps=3, lr_scheduler_type="linear") == pytest.approx(
+        [1 / 3, 2 / 3, 1.0, 0.75, 0.5, 0.25])
+    assert factors(max_steps=5, warmup_steps=3) == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 1.0])  # constant
+
+
+def test_trl_fractions_of_the_run_below_one_are_read_as_transformers_reads_them():
+    cfg = GRPOConfig("out", per_device_train_batch_size=8, num_generations=4, max_steps=20, save_steps=0.5,
+                     logging_steps=0.1, eval_strategy="steps", eval_steps=0.25).to_config(num_train_rows=100)
+    assert (cfg.max_steps, cfg.save_steps, cfg.logging_steps, cfg.eval_steps) == (20, 10, 2, 5)
+    with pytest.raises(ConfigError, match="warmup_steps: must be >= 0, got -1"):
+        GRPOConfig("out", warmup_steps=-1)
+    with pytest.raises(ConfigError, match="warmup_steps: must be >= 0, got -2"):
+        Config(warmup_steps=-2)
+
+
 def test_hf_argument_parser_reads_grpo_config_as_trl_scripts_do():
     from transformers import HfArgumentParser
 
@@ -166,8 +221,15 @@ def test_hf_argument_parser_reads_grpo_config_as_trl_scripts_do():
                                          "builtin_function_or_method; pass functions as train(cfg, reward_funcs="),
     (lambda: GRPOTrainer("m", len, callbacks=[object()]), "callbacks: TRL's argument, not in minigrpo"),
     (lambda: train(GRPOConfig("out")), "GRPOConfig: TRL's field meanings; give it to GRPOTrainer(args=...)"),
+    (lambda: GRPOConfig(max_steps=None), "max_steps: must be an integer, got None"),
+    (lambda: Config(learning_rate=None), "learning_rate: must be a number, got None"),
+    (lambda: GRPOConfig(warmup_steps=-1), "warmup_steps: must be >= 0, got -1"),
+    (lambda: GRPOConfig(model_init_kwargs={"trust_remote_code": True}), "model_init_kwargs: minigrpo reads dtype "
+                                                                        "only"),
+    (lambda: GRPOTrainer("m", len, quantization_config=BitsAndBytesConfig(load_in_8bit=True)),
+     "quantization_config: minigrpo quantizes to 4 bits only"),
 ], ids=["unsupported", "typo", "hub", "strategy", "scheduler", "dataset-object", "function-as-name", "callbacks",
-        "grpo-config-to-train"])
+        "grpo-config-to-train", "none", "none-config", "negative-warmup", "init-kwargs", "8-bit"])
 def test_what_minigrpo_does_not_take_is_one_line(make, line):
     with pytest.raises(ConfigError) as error:
         make()
@@ -176,6 +238,14 @@ def test_what_minigrpo_does_not_take_is_one_line(make, line):
 
 def test_trl_defaults_and_names_pass_unchanged():
     assert GRPOConfig(push_to_hub=False, dataloader_num_workers=4, optim="adamw_torch").loss_type == "dapo"
+    # TRL's grpo.py script: model_init_kwargs at from_pretrained's defaults; top_k None (TRL's default before 1.0)
+    init = dict(revision="main", trust_remote_code=False, attn_implementation=None, dtype="bfloat16")
+    assert GRPOConfig(model_init_kwargs=init, top_k=None).to_config(num_train_rows=8).dtype == "bfloat16"
+    assert GRPOConfig(top_k=None).to_config(num_train_rows=8).top_k == 0
+    qlora = GRPOTrainer("m", len, peft_config=LoraConfig(r=4), quantization_config=BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_use_double_quant=True)).args
+    assert (qlora.use_peft, qlora.load_in_4bit, qlora.bnb_4bit_quant_type, qlora.use_bnb_nested_quant) == (
+        True, True, "fp4", True)
     assert Config(report_to="tensorboard").report_to == ["tensorboard"]  # TRL's string form
     assert Config(lora_target_modules="all-linear").lora_target_modules is None  # peft's name for the default
 
@@ -185,6 +255,58 @@ def test_trl_defaults_and_names_pass_unchanged():
 # ---------------------------------------------------------------------------------------------------------
 def brevity(prompts, completions, **row):
     return [-len(c) / 100 for c in completions]
+
+
+STATES_SEEN = []
+
+
+def curriculum(completions, trainer_state, log_metric, log_extra, **kwargs):
+    """A reward function of TRL 1.16's kind: it reads the run's progress and logs a number and a column."""
+    STATES_SEEN.append((trainer_state.global_step, trainer_state.max_steps))
+    log_metric("curriculum/progress", trainer_state.global_step / trainer_state.max_steps)
+    log_extra("characters", [len(c) for c in completions])
+    return [0.0] * len(completions)
+
+
+def test_reward_functions_get_trls_trainer_state_log_metric_and_log_extra(tmp_path, one_thread):
+    """TRL counts optimizer steps: here 2 a batch (steps_per_generation 2), 4 in all, so the two batches are scored
+    at global_step 0 and 2; the metric is averaged into its step's line, the column written beside its completions."""
+    STATES_SEEN.clear()
+    args = GRPOConfig(str(tmp_path / "run"), task="think_addition", max_steps=4, per_device_train_batch_size=8,
+                      steps_per_generation=2, num_generations=4, gradient_checkpointing=False, eval_num_samples=0,
+                      eval_limit=4, save_model=False, disable_tqdm=True, max_completion_length=None)
+    GRPOTrainer(model=str(THINK_MODEL), reward_funcs=["correctness", curriculum], args=args,
+                train_dataset=rows(16)).train()
+    assert STATES_SEEN == [(0, 4), (2, 4)]
+    assert [m["curriculum/progress"] for m in metrics(tmp_path / "run")] == [0.0, 0.5]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert all(c["extra"]["characters"] == len(c["text"]) for record in logged for c in record["completions"])
+
+
+def test_after_train_the_result_the_model_and_save_model_are_where_trl_scripts_look(tmp_path, one_thread):
+    """A TRL script's ending: train()'s TrainOutput fields, trainer.model, save_model(args.output_dir) and
+    from_pretrained(args.output_dir)."""
+    from peft import AutoPeftModelForCausalLM, LoraConfig
+
+    out = tmp_path / "run"
+    args = GRPOConfig(str(out), task="think_addition", max_steps=2, per_device_train_batch_size=8, num_generations=4,
+                      gradient_checkpointing=False, eval_num_samples=0, eval_limit=4, disable_tqdm=True,
+                      max_completion_length=None)
+    trainer = GRPOTrainer(model=str(THINK_MODEL), reward_funcs="correctness", args=args, train_dataset=rows(16),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert trainer.model is None  # given a name: loaded by train()
+    result = trainer.train()
+    losses = [m["loss"] for m in metrics(out)]
+    assert (result.global_step, result["steps"]) == (2, 2) and result.training_loss == pytest.approx(sum(losses) / 2)
+    assert result.metrics["train_loss"] == result.training_loss and result.metrics["train_runtime"] > 0
+    assert trainer.model.config.model_type == "llama" and hasattr(trainer.model, "peft_config")  # the trained one
+    assert trainer.save_model(args.output_dir) == out
+    reloaded = AutoPeftModelForCausalLM.from_pretrained(out)  # where TRL's save_model puts it
+    adapter = {k.removeprefix("base_model.model."): v for k, v in reloaded.state_dict().items() if "lora_B" in k}
+    trained = trainer.model.state_dict()  # transformers' model with the adapter loaded (its own key names)
+    assert adapter and all(torch.equal(v, trained[k]) for k, v in adapter.items()) and any(v.any() for v in
+                                                                                           adapter.values())
+    assert (out / "model" / "adapter_model.safetensors").samefile(out / "adapter_model.safetensors")  # linked
 
 
 def test_what_was_handed_over_from_python_is_named_in_the_config():
@@ -294,8 +416,8 @@ def test_a_second_run_into_a_used_folder_is_refused_and_changes_nothing(tmp_path
     assert main(["train", *SMALL, "--max-steps", "1", "--task", "addition", "--out", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"minigrpo train: error: output_dir: {run} holds another run's results (config.yaml, metrics.jsonl, "
-                   f"completions.jsonl, summary.json, plots); nothing was written. Choose another --out, or replace "
-                   f"it with --overwrite-output-dir")  # no checkpoint there (save_steps 0): no --resume offered
+                   f"completions.jsonl, summary.json, plots); nothing was written. Choose another output_dir (--out), "
+                   f"or replace it with overwrite_output_dir (--overwrite-output-dir)")  # no checkpoint there (save_steps 0): no --resume offered
     assert file_hashes(run) == before
     (run / "notes.txt").write_text("mine")  # not a run's file: --overwrite-output-dir leaves it
     assert main(["train", *SMALL, "--max-steps", "1", "--task", "addition", "--out", str(run),

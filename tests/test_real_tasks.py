@@ -143,7 +143,9 @@ def test_rows_without_a_prompt_or_the_graded_column_are_named(tmp_path):
     with pytest.raises(DataError, match=r"\(test split\), row 2: no \"prompt\" column \(columns: 'question'\)"):
         ANSWER.load("test", str(path))
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "q"}] * 20)
-    with pytest.raises(DataError, match=r"row 1: missing column\(s\) 'answer'"):
+    with pytest.raises(DataError, match=r"row 1: missing column 'answer' \(or TRL's 'solution'\), the final answer "
+                                        r"that the accuracy .* is graded against; rows scored by reward functions "
+                                        r"alone, with no answer, are not supported"):
         ANSWER.load("train", str(path))
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": [{"role": "user"}], "answer": "1"}] * 20)
     with pytest.raises(DataError, match="a string or a list of"):

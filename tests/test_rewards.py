@@ -35,6 +35,17 @@ def test_scorer_names_the_function_and_completion():
         score_completions([picky], ["p"] * 3, ["a", "bb", ""], {"answer": ["1", "2", "3"]})
 
 
+def test_a_function_that_fails_on_every_completion_is_called_a_signature_error():
+    """TRL 1.16 passes trainer_state, log_metric and log_extra: a function that needs what minigrpo does not pass
+    fails on every completion, and the error says how it is called instead of blaming completion 0."""
+    def needs_a_judge(prompts, completions, judge_client, **row):
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"'needs_a_judge' raised on every completion tried \(the first and the "
+                                          r"last\): TypeError.*judge_client.*trainer_state, log_metric and log_extra"):
+        score_completions([needs_a_judge], ["p"] * 3, ["a", "bb", "c"], {"answer": ["1", "2", "3"]})
+
+
 def test_a_reward_function_that_hangs_is_stopped_and_named():
     import signal
     import time

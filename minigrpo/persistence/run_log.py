@@ -38,7 +38,8 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
     """The first num_groups groups of a Batch as completions.jsonl lines: {"step", "group", "prompt", "answer"
     (when the row has one), "completions": [{"text", "reward", "rewards": {name: value}, "advantage", "length",
     "truncated", "correct"}]}, and with tools each completion's "messages" (the model's turns and the tool's, as
-    TRL's messages) and "tool_calls"; with a step reward function, its "step_rewards". Rewards that no function could
+    TRL's messages) and "tool_calls"; with a step reward function, its "step_rewards"; with columns that reward
+    functions logged (log_extra), "extra": {column: value}. Rewards that no function could
     score are null. length: the policy's tokens; advantage: per-token advantages' mean over them."""
     records = []
     lengths = batch.policy_mask.sum(1).long().tolist()
@@ -61,9 +62,16 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
                if batch.messages is not None else {}),
             **({"step_rewards": [r for r in batch.step_rewards[i].tolist() if r == r]}  # NaN padding left out
                if batch.step_rewards is not None else {}),
+            **({"extra": {column: _plain(values[i]) for column, values in batch.logged_columns.items()}}
+               if batch.logged_columns else {}),  # what reward functions logged with log_extra
         } for i in rows]
         records.append(finite_or_none(record))
     return records
+
+
+def _plain(value):
+    """A logged value as JSON holds it: numbers, text, booleans and None as they are, anything else as its str."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 class RunLog:

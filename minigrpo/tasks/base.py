@@ -153,4 +153,8 @@ def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:
         return ('expected a "prompt": a string or a list of {"role": ..., "content": ...} messages'
                 if "prompt" in row else f'no "prompt" column (columns: {", ".join(map(repr, row)) or "none"})')
     missing = [c for c in required if c not in row]
+    if missing == ["answer"]:  # the answer task (GRPOTrainer's for a train_dataset), or a task like it
+        return ("missing column 'answer' (or TRL's 'solution'), the final answer that the accuracy before, during "
+                "and after training is graded against; rows scored by reward functions alone, with no answer, are "
+                "not supported")
     return f"missing column(s) {', '.join(map(repr, missing))} that this task grades with" if missing else None
