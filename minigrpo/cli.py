@@ -190,15 +190,19 @@ def cmd_train(argv: list[str]) -> int:
         return 130
     if os.environ.get("RANK", "0") != "0":  # several processes: rank 0 reports for all
         return 0
+    print(f"{s['task']} {s['loss_type']} seed {s['seed']}: {accuracy_change(s)}, {s['steps']} step"
+          f"{'s' * (s['steps'] != 1)} in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}")
+    return 0
+
+
+def accuracy_change(s: dict) -> str:
+    """ "greedy accuracy 26.2% -> 83.8%, sampled 19.6% -> 61.8%" from a summary; "no accuracy (nothing to grade)"."""
+    if s["accuracy_before"] is None:
+        return "no accuracy (nothing to grade)"
     sampled = ""
     if s["accuracy_before_sampled"] is not None:
         sampled = f", sampled {s['accuracy_before_sampled']:.1%} -> {s['accuracy_after_sampled']:.1%}"
-    print(
-        f"{s['task']} {s['loss_type']} seed {s['seed']}: greedy accuracy {s['accuracy_before']:.1%} -> "
-        f"{s['accuracy_after']:.1%}{sampled}, {s['steps']} steps in {s['wall_seconds']:.0f} s of training. "
-        f"Run: {cfg.output_dir}"
-    )
-    return 0
+    return f"greedy accuracy {s['accuracy_before']:.1%} -> {s['accuracy_after']:.1%}{sampled}"
 
 
 def refuse_unread(overrides: dict, reads: frozenset, command: str) -> None:
@@ -234,7 +238,7 @@ def cmd_ppo(argv: list[str]) -> int:
     s = run_stoppable("ppo", argv, cfg, lambda: train_ppo(cfg, ppo))
     if s is None:
         return 130
-    print(f"{s['task']} ppo seed {s['seed']}: greedy accuracy {s['accuracy_before']:.1%} -> {s['accuracy_after']:.1%}, "
+    print(f"{s['task']} ppo seed {s['seed']}: {accuracy_change(s)}, "
           f"{s['steps']} steps in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}")
     return 0
 

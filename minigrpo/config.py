@@ -37,7 +37,7 @@ class Config:
     # --- model, task, run ---
     model_name_or_path: str | None = None  # HF hub name or local dir; None = the task's shipped tiny model
     # minigrpo: the grader: think_addition, addition, long_addition, tool_addition, countdown, gsm8k, answer,
-    # reasoning_gym (tasks/)
+    # reasoning_gym, or prompts (rows with no answer, scored by the reward functions alone) (tasks/)
     task: str = "think_addition"
     # how the answer and gsm8k tasks compare a final answer: "numeric" (tasks/answers.py, the lesson) or
     # "math_verify" (LaTeX: \frac{3}{4}, intervals; extra minigrpo[math], run in an isolated worker)

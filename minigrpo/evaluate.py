@@ -76,6 +76,8 @@ def evaluate(model, tokenizer, task, rows, *, num_samples: int = 0, temperature:
     ``progress``: a label ("before training"); a progress bar with an estimate of the time left is shown while the
     completions are generated (greedy, then num_samples per problem), and removed when they are done.
     """
+    if not task.graded:  # the prompts task: no answers, so no accuracy (and nothing generated for it)
+        return {"num_problems": 0, "accuracy_greedy": None, "format_greedy": None, "mean_length_greedy": None}
     results = {"num_problems": len(rows)}
     bar = tqdm(total=len(rows) * (1 + num_samples), desc=f"{progress}: evaluating", unit="completion", leave=False,
                disable=not progress, dynamic_ncols=True)
@@ -161,6 +163,8 @@ def evaluate_on_main(policy, evaluate_on, rows: list[dict], num_samples: int = 0
 def accuracy_line(label: str, result: dict) -> str:
     """ "before training: greedy accuracy 26.2% on 500 problems, sampled 19.6%, pass@8 67.4% (length 15.2)"."""
     n = result["num_problems"]
+    if result["accuracy_greedy"] is None:
+        return f"{label}: no answers to grade (rows scored by the reward functions alone): no evaluation"
     line = f"{label}: greedy accuracy {result['accuracy_greedy']:.1%} on {n} problem{'s' * (n != 1)}"
     if "accuracy_sampled" in result:
         k = max(int(key.split("@")[1]) for key in result if key.startswith("pass@"))

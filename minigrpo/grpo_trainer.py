@@ -58,7 +58,8 @@ class GRPOTrainer:
             args = GRPOConfig(f"{Path(str(model_name)).name}-GRPO")
         changes = {"model_name_or_path": str(model)} if isinstance(model, (str, Path)) else {}
         if isinstance(args, GRPOConfig) and args.task is None and train_dataset is not None:
-            changes["task"] = "answer"  # your rows, their final answers graded (a "solution" column counts)
+            # your rows: their final answers graded ("answer", or TRL's "solution"), else scored by the rewards alone
+            changes["task"] = "answer" if has_answers(train_dataset) else "prompts"
         changes |= lora_fields(peft_config) | quantization_fields(quantization_config)
         self.args = dataclasses.replace(args, **changes) if changes else args
         self._model = None if isinstance(model, (str, Path)) else model  # a loaded model is trained in place
@@ -72,12 +73,26 @@ class GRPOTrainer:
     @property
     def model(self):
         """The model: the one given, trained in place; given a name, None before training and after it the trained
-        model as saved (output_dir/model, loaded on first use: a LoRA run's adapter on its base)."""
+        model as saved (output_dir/model, loaded on first use on the run's device and in its dtype; a LoRA run's
+        adapter as a peft PeftModel on its base, merge_and_unload()-able; a QLoRA run's base is loaded unquantized)."""
         if self._model is None and self.summary is not None and self.saved_model_dir().exists():
-            from .loading.models import load_model
+            from .loading.models import DTYPES, load_model, resolve_device
 
-            self._model = load_model(self.saved_model_dir())
+            cfg, saved = self.config(), self.saved_model_dir()
+            if (saved / "adapter_config.json").exists():
+                from peft import AutoPeftModelForCausalLM
+
+                self._model = AutoPeftModelForCausalLM.from_pretrained(saved, dtype=DTYPES[cfg.dtype]).to(
+                    resolve_device(cfg.device))
+            else:
+                self._model = load_model(saved, resolve_device(cfg.device), dtype=cfg.dtype)
         return self._model
+
+    def holds_out(self) -> bool:
+        """Whether rows are held out of train_dataset for evaluation: not for a task with nothing to grade."""
+        from .tasks import get_task
+
+        return get_task(self.args.task or "think_addition").graded
 
     def saved_model_dir(self) -> Path:
         return Path(self.config().output_dir) / "model"
@@ -92,7 +107,7 @@ class GRPOTrainer:
             rows = None
             if self.train_dataset is not None:
                 rows = len(self.train_dataset)
-                rows -= held_out_size(rows) if self.eval_dataset is None else 0
+                rows -= held_out_size(rows) if self.eval_dataset is None and self.holds_out() else 0
             world_size = int(os.environ.get("WORLD_SIZE", "1"))  # set by accelerate launch / torchrun
             cfg = cfg.to_config(num_train_rows=rows, world_size=world_size, reward_funcs=self.reward_funcs)
         if resume_from_checkpoint:
@@ -109,7 +124,7 @@ class GRPOTrainer:
         from .trainer import train
 
         cfg = self.config(resume_from_checkpoint)
-        if self.train_dataset is not None and self.eval_dataset is None:
+        if self.train_dataset is not None and self.eval_dataset is None and self.holds_out():
             say("GRPOTrainer: no eval_dataset, so the last tenth of train_dataset is held out for the evaluation "
                 "before and after training")
         prompts = cfg.generation_batch_size // cfg.num_generations
@@ -150,6 +165,12 @@ class GRPOTrainer:
             except OSError:
                 shutil.copy2(file, target)
         return saved.parent
+
+
+def has_answers(rows) -> bool:
+    """Whether a dataset's rows carry final answers to grade: an "answer" or TRL's "solution" column."""
+    columns = rows.column_names if hasattr(rows, "column_names") else list(rows[0]) if len(rows) else []
+    return "answer" in columns or "solution" in columns
 
 
 class TrainResult(dict):

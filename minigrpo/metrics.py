@@ -45,7 +45,7 @@ def gather_batch(batch, task) -> dict:
     """What step_metrics reads of a Batch, as CPU tensors, concatenated over the processes in rank order (so
     in the order a one-process run holds the same prompts). With one process: this batch's. Lengths count the
     policy's own tokens (tool output left out); with tools, each completion's calls, failed calls and tool turns."""
-    correct = [task.grade(c, r) for c, r in zip(batch.completions, batch.rows)]
+    correct = [task.grade(c, r) if task.graded else False for c, r in zip(batch.completions, batch.rows)]
     policy_mask, adv = batch.policy_mask.cpu(), batch.adv.cpu()
     mine = {
         "rewards": batch.rewards.cpu(), "adv": batch.completion_adv.cpu(), "correct": torch.tensor(correct, dtype=torch.bool),
@@ -58,6 +58,8 @@ def gather_batch(batch, task) -> dict:
         mine["tool_tokens"] = (batch.completion_mask * (1 - batch.tool_mask)).sum(1).cpu()
     if batch.step_rewards is not None:
         mine.update(step_counts(batch.step_rewards.cpu(), adv, policy_mask))
+    if not task.graded:  # nothing to grade: step_metrics leaves accuracy out
+        mine["ungraded"] = torch.ones(1, dtype=torch.bool)
     ranks = processes.gather_objects(mine)
     return {key: torch.cat([r[key] for r in ranks]) for key in mine}
 
@@ -133,6 +135,9 @@ def step_metrics(batch: dict, step_stats: list[dict], reward_names: list[str]) -
         "completions/clipped_ratio": batch["is_truncated"].float().mean().item(),
         "sampling_rounds": batch["sampling_rounds"].max().item(),
     }
+    if "ungraded" in batch:  # the prompts task: no answers, so no accuracy
+        for key in ("accuracy", "completions/mean_length_correct", "completions/mean_length_incorrect"):
+            del row[key]
     if "tool_calls" in batch:  # TRL's tools/* names, and how many tokens were the tool's
         calls = batch["tool_calls"].float()
         row["tools/call_frequency"] = calls.mean().item()

@@ -57,7 +57,6 @@ from .metrics import gather_batch, step_metrics
 from .parallel import processes
 from .persistence.run_log import RunLog, write_config
 from .ppo_critic import ValueModel, ppo_targets, ppo_update
-from .reward_logs import RewardLogs, TrainerState
 from .rewards import RewardError, reward_names
 from .run import finish_run, load_run, make_engine, make_optimizer
 
@@ -169,7 +168,8 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
     """
     ppo = ppo or PPOConfig()
     _check(cfg, ppo)
-    run = load_run(cfg, resolve_device(cfg.device), reward_funcs)  # seeded: the task, the policy, rows, rewards
+    run = load_run(cfg, resolve_device(cfg.device), reward_funcs,  # seeded: the task, the policy, rows, rewards
+                   updates_per_step=ppo.num_ppo_epochs * ppo.num_mini_batches)  # optimizer steps a batch
     model, tokenizer, task, max_len, device = run.model, run.tokenizer, run.task, run.max_completion_length, run.device
     sampling_rng = torch.get_rng_state()  # building the critic must not move the stream the samples come from:
     value_model = ValueModel(model).to(device)  # the policy's decoder, copied, with a zero-initialised scalar head
@@ -188,20 +188,15 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
 
     before = evaluate_on(run.test_rows, num_samples=cfg.eval_num_samples)
     wall_seconds = 0.0
-    reward_logs = RewardLogs(TrainerState(max_steps=cfg.max_steps))  # what TRL hands reward functions
     bar = tqdm(range(1, cfg.max_steps + 1), total=cfg.max_steps, desc="ppo", disable=not progress, dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
         # 1-2. Sample and score, exactly as GRPO does (collect_batch also computes GRPO's advantage: logged only).
         with run.autocast():
-            reward_logs.state.global_step = step - 1  # PPO's steps: batches
             batch = collect_batch(cfg, engine, sampler, run.reward_funcs, run.reward_weights, max_len,
-                                  reward_logs=reward_logs)
+                                  reward_logs=run.reward_logs.at(step))
         t_generate = time.perf_counter() - t0
-        rewards = batch.rewards.to(device)  # (N,)
-        if rewards.isnan().any():
-            raise RewardError(f"step {step}: {int(rewards.isnan().sum())} completions have no reward (no reward "
-                              "function applies); PPO's critic needs one for every completion")
+        rewards = every_completion_scored(batch.rewards, step).to(device)  # (N,)
         ids = {k: getattr(batch, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
 
         # 3. Targets, before any update: old log-probs, the critic's V(s_t), GAE advantages and returns.
@@ -233,12 +228,11 @@ def train_ppo(cfg: Config, ppo: PPOConfig | None = None, *, reward_funcs: list |
 
         # 5. Log one line: GRPO's names, the critic's, and both estimators' advantage variances on this batch.
         row, correct = ppo_step_metrics(batch, targets, step_stats, task, log.reward_names, cfg.num_generations)
-        row = {"step": step, **row}
+        row = {"step": step, **row, **run.reward_logs.take_metrics(row)}  # and what reward functions logged
         row.update(learning_rate=learning_rate, critic_learning_rate=critic_lr * learning_rate / cfg.learning_rate,
                    step_seconds=step_seconds, generate_seconds=t_generate,
-                   tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats,
-                   **reward_logs.take_metrics())
-        if eval_due(step, cfg.eval_steps, cfg.max_steps):
+                   tokens_per_second=batch.completion_mask.sum().item() / step_seconds, **sampling_stats)
+        if task.graded and eval_due(step, cfg.eval_steps, cfg.max_steps):
             row["eval/accuracy_greedy"] = evaluate_on(run.test_rows[: cfg.eval_num_problems])["accuracy_greedy"]
         log.log(step, row, batch, correct)
         bar.set_postfix(reward=f"{row['reward']:.2f}", v0_bias=f"{row['value/v0_bias']:+.2f}")
@@ -270,6 +264,15 @@ def ppo_step_metrics(batch, targets: dict, step_stats: list[dict], task, reward_
                 "adv_var/reward": batch.rewards.var(unbiased=False).item(),
                 "grpo_advantages": [round(a, 4) for a in grpo_adv.tolist()]})
     return row, gathered["correct"].tolist()
+
+
+def every_completion_scored(rewards: torch.Tensor, step: int) -> torch.Tensor:
+    """rewards, or a RewardError where a completion has none (NaN: no reward function applies): PPO's critic needs
+    a reward for every completion (GRPO leaves such a completion out of its group's statistics)."""
+    if rewards.isnan().any():
+        raise RewardError(f"step {step}: {int(rewards.isnan().sum())} completions have no reward (no reward "
+                          "function applies); PPO's critic needs one for every completion")
+    return rewards
 
 
 def ppo_summary(model, value_model, ppo: PPOConfig) -> dict:

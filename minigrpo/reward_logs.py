@@ -21,7 +21,13 @@ __all__ = ["TrainerState", "RewardLogs", "LoggedColumnError"]
 
 
 class LoggedColumnError(MinigrpoError, ValueError):
-    """A reward function's log_extra column that is not one value per completion."""
+    """A reward function's log_extra column that is not one value per completion, or a log_metric name that is one of
+    the step's own."""
+
+
+# Names every trainer adds to a step's line after its metrics (a logged metric of the same name would be lost)
+LINE_NAMES = frozenset({"step", "learning_rate", "critic_learning_rate", "step_seconds", "generate_seconds",
+                        "tokens_per_second", "eval/accuracy_greedy"})
 
 
 @dataclass
@@ -32,16 +38,28 @@ class TrainerState:
 
     global_step: int = 0
     max_steps: int = 0
-
+    epoch: float = 0.0  # passes over the training prompts before this batch
 
 class RewardLogs:
     """One run's trainer_state and the two loggers, handed to every reward call (`kwargs()`); the trainer takes what
     was logged: `take_columns(n)` after each scoring (n completions), `take_metrics()` after each step."""
 
-    def __init__(self, state: TrainerState | None = None):
-        self.state = state or TrainerState()
+    def __init__(self, state: TrainerState | None = None, updates_per_step: int = 1, epoch_steps: float = 0.0):
+        self.state, self.updates_per_step, self.epoch_steps = state or TrainerState(), updates_per_step, epoch_steps
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._columns: dict[str, list] = {}
+
+    @classmethod
+    def for_run(cls, max_steps: int, updates_per_step: int = 1, epoch_steps: float = 0.0) -> "RewardLogs":
+        """A run of max_steps steps (batches) of updates_per_step optimizer steps each (TRL counts those);
+        epoch_steps: batches per pass over the training prompts."""
+        return cls(TrainerState(max_steps=max_steps * updates_per_step), updates_per_step, epoch_steps)
+
+    def at(self, step: int) -> "RewardLogs":
+        """Itself, its trainer_state set to the start of step (counted from 1): the optimizer steps before it."""
+        self.state.global_step = (step - 1) * self.updates_per_step
+        self.state.epoch = (step - 1) / self.epoch_steps if self.epoch_steps else 0.0
+        return self
 
     def kwargs(self) -> dict:
         return {"trainer_state": self.state, "log_metric": self.log_metric, "log_extra": self.log_extra}
@@ -63,10 +81,15 @@ class RewardLogs:
                                  f"completions (one per completion of the call)")
         return columns
 
-    def take_metrics(self) -> dict[str, float]:
+    def take_metrics(self, taken=()) -> dict[str, float]:
         """The mean of each metric logged since the last take, over every process's values (every process calls
-        this once a step: with several, it gathers)."""
+        this once a step: with several, it gathers). taken: the names the step's line already has (and TIMING's),
+        which a logged metric may not overwrite: one line instead."""
         metrics, self._metrics = self._metrics, defaultdict(list)
+        clash = sorted(set(metrics) & (set(taken) | LINE_NAMES))
+        if clash:
+            raise LoggedColumnError(f"log_metric: {', '.join(map(repr, clash))} is one of the step's own metrics; log "
+                                    f"it under another name (e.g. 'rewards/{clash[0]}')")
         pooled = defaultdict(list)
         for rank_metrics in processes.gather_objects(dict(metrics)):
             for name, values in rank_metrics.items():

@@ -424,6 +424,9 @@ def load_rows(cfg: Config, reward_cfg: RewardConfig, device) -> tuple[list[dict]
         return (read_dataset(cfg.dataset_name, cfg.dataset_train_split, cfg.dataset_config),
                 read_dataset(cfg.dataset_name, cfg.dataset_test_split, cfg.dataset_config))
     task = get_task(cfg.task)
+    if not task.graded:
+        raise ConfigError(f"task: the {task.name} task has no answers to label the policy's samples with; give "
+                          f"labelled rows in TRL's format with --dataset")
     model, tokenizer = load_model_and_tokenizer(policy_path(cfg, task), device, dtype=cfg.dtype)
     rng = random.Random(cfg.seed)
     steps = reward_cfg.loss == "step_labels"

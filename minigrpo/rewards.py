@@ -21,6 +21,7 @@ error naming the function and the completion.
 """
 
 import contextlib
+import inspect
 import math
 import random
 import re
@@ -195,7 +196,19 @@ def _call(func, prompts, completions, rows: dict[str, list], timeout: float | No
     whole call, the search for the culprit included (_time_limit). context: keyword arguments passed as they are
     (TRL's trainer_state, log_metric, log_extra: reward_logs.py), not per completion as the rows' columns are."""
     with _time_limit(timeout, func):
-        return _call_and_name_the_culprit(func, prompts, completions, rows, context or {})
+        return _call_and_name_the_culprit(func, prompts, completions, rows, _taken(func, context or {}))
+
+
+def _taken(func, context: dict) -> dict:
+    """The context arguments func takes: all of them where it has **kwargs (TRL passes them all), else those it
+    names, so that a function written without **kwargs keeps working."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return context
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return context
+    return {k: v for k, v in context.items() if k in {p.name for p in parameters}}
 
 
 def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list], context: dict) -> list:
@@ -220,8 +233,9 @@ def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list]
                         and _fails_alike(one, len(completions) - 1, exc)):
                     raise RewardError(
                         f"reward function {_name(func)!r} raised on every completion tried (the first and the "
-                        f"last): {exc!r}; it is called by keyword with prompts, completions, completion_ids, each "
-                        f"dataset column, trainer_state, log_metric and log_extra, as TRL calls it") from exc
+                        f"last): {exc!r}; it is called by keyword with prompts, completions, completion_ids and each "
+                        f"dataset column (and trainer_state, log_metric, log_extra where it takes them), as TRL calls "
+                        f"it") from exc
                 raise RewardError(
                     f"reward function {_name(func)!r} raised on completion {i} ({completions[i]!r}): {exc!r}"
                 ) from exc
@@ -355,6 +369,9 @@ def build_reward_funcs(names: list[str], task, max_completion_length: int, *, ov
         elif name in ("r1_format", "r1_format_soft"):
             funcs.append(r1_format if name == "r1_format" else r1_format_soft)
         elif name == "correctness":
+            if not task.graded:
+                raise RewardError(f"reward_funcs: 'correctness' grades answers, and the {task.name} task's rows have "
+                                  f"none; give your own reward functions")
             funcs.append(task.correctness_reward)
         elif name == "steps":  # process supervision: the task's own step checker (step_rewards.py)
             if getattr(task, "step_reward", None) is None:

@@ -23,7 +23,7 @@ import json
 import os
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ from .parallel import processes
 from .parallel.processes import say
 from .prompts import encode_prompts
 from .reward_models.outcome import RewardEnsemble, RewardModel, is_reward_model, load_reward_model
+from .reward_logs import RewardLogs
 from .rewards import build_reward_funcs, reward_func_name
 from .sandbox.user_code import callable_name
 from .tasks import Task, get_task
@@ -68,6 +69,8 @@ class RunSetup:
     bf16: bool = False
     fp16: bool = False
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (mixed_precision.py), part of every checkpoint
+    # trainer_state, log_metric, log_extra: what TRL hands reward functions besides the data (reward_logs.py)
+    reward_logs: RewardLogs = field(default_factory=RewardLogs)
 
     @property
     def logs_drift(self) -> bool:
@@ -87,14 +90,15 @@ class RunSetup:
 
 
 def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None, *, model=None,
-             processing_class=None, train_rows: list[dict] | None = None, eval_rows: list[dict] | None = None
-             ) -> RunSetup:
+             processing_class=None, train_rows: list[dict] | None = None, eval_rows: list[dict] | None = None,
+             updates_per_step: int = 1) -> RunSetup:
     """Seed, load the task and the policy (full, LoRA or QLoRA), read and check the rows and reward functions
     (prepare_task), claim the output folder (claim_output_dir). With W processes each rank is then re-seeded on its
     own stream, so that the ranks start from identical weights but sample different completions.
 
     model, processing_class, train_rows, eval_rows: what train() was handed from Python (TRL's names), used
-    instead of loading the model, its tokenizer, or the rows of dataset_name."""
+    instead of loading the model, its tokenizer, or the rows of dataset_name. updates_per_step: optimizer steps per
+    step (batch), for the trainer_state reward functions get (TRL counts optimizer steps)."""
     refuse_trl_config(cfg)
     torch.manual_seed(cfg.seed)  # the same on every rank: identical starting weights (and LoRA initialisation)
     random.seed(cfg.seed)
@@ -106,8 +110,10 @@ def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None
     train_rows, test_rows, reward_funcs, weights, max_len = prepare_task(cfg, task, tokenizer, model.config,
                                                                          reward_funcs, train_rows, test_rows, device)
     out = claim_output_dir(cfg)  # a used folder is refused before anything is written
+    reward_logs = RewardLogs.for_run(cfg.max_steps, updates_per_step, epoch_steps=len(train_rows) /
+                                     max(1, cfg.generation_batch_size // cfg.num_generations))
     return RunSetup(device, task, model, tokenizer, train_rows, test_rows, reward_funcs, weights, max_len, out,
-                    cfg.bf16, cfg.fp16, grad_scaler(device, enabled=cfg.fp16))
+                    cfg.bf16, cfg.fp16, grad_scaler(device, enabled=cfg.fp16), reward_logs)
 
 
 def refuse_trl_config(cfg) -> None:
@@ -213,8 +219,8 @@ def run_rows(cfg: Config, task: Task, train_rows: list[dict] | None = None, eval
     handed over without eval_rows are one pool, held out as a file is: its last tenth (sources.hold_out)."""
     if train_rows is not None:
         train_rows = task.checked_rows(train_rows, "train_dataset")
-        if eval_rows is None and cfg.eval_dataset_name is None:
-            train_rows, eval_rows = hold_out(train_rows)
+        if eval_rows is None and cfg.eval_dataset_name is None:  # nothing to grade (the prompts task): all train
+            train_rows, eval_rows = hold_out(train_rows) if task.graded else (train_rows, [])
     else:
         train_rows = task.load(cfg.dataset_train_split, cfg.dataset_name, cfg.dataset_config)
     if eval_rows is not None:
@@ -355,6 +361,9 @@ def prepare_task(cfg: Config, task: Task, tokenizer, model_config, reward_funcs:
     context = getattr(model_config, "max_position_embeddings", None)
     checked = {}
     for split, rows in (("train", train_rows), ("test", test_rows)):  # training and evaluation both sample max_len
+        if split == "test" and not task.graded:  # nothing to evaluate (the prompts task)
+            checked[split] = []
+            continue
         if not rows:
             raise ConfigError(f"task: the {split} split of {cfg.dataset_name or task.name!r} is empty")
         prompt_lengths = [len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows],
@@ -407,15 +416,13 @@ def lr_lambda(cfg: Config):
         then constant     1
         or linear         (T - step) / (T - peak)     from 1 at the peak (W - 1, or 0 without warm-up) to 0 at T
     """
-    warmup, total = cfg.warmup_steps, cfg.max_steps
-    peak = max(warmup - 1, 0)
-
     def factor(step: int) -> float:
+        peak = max(cfg.warmup_steps - 1, 0)
         if step < peak:
-            return (step + 1) / warmup
+            return (step + 1) / cfg.warmup_steps
         if cfg.lr_scheduler_type != "linear":
             return 1.0
-        return max(0.0, (total - step) / max(1, total - peak))
+        return max(0.0, (cfg.max_steps - step) / max(1, cfg.max_steps - peak))
 
     return factor
 

@@ -57,7 +57,7 @@ from .objectives import policy_loss
 from .parallel import processes
 from .persistence.checkpoint import checkpoint_due, save_step_checkpoint, start_or_resume
 from .persistence.run_log import RunLog, write_config
-from .reward_logs import RewardLogs, TrainerState
+from .reward_logs import RewardLogs
 from .rewards import reward_names
 from .run import finish_run, load_run, make_engine, make_optimizer, record_inputs
 from .sandbox.isolation import take_failed_count
@@ -92,7 +92,7 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
     device = processes.setup(resolve_device(cfg.device))  # joins the process group when launched W > 1 times
     check_processes(cfg)
     run = load_run(cfg, device, reward_funcs, model=model, processing_class=processing_class, train_rows=train_rows,
-                   eval_rows=eval_rows)  # claims output_dir; seeded: the task, the policy, its rows and rewards
+                   eval_rows=eval_rows, updates_per_step=cfg.steps_per_generation * cfg.num_iterations)  # seeded
     model, tokenizer, task, out, max_len = run.model, run.tokenizer, run.task, run.out, run.max_completion_length
     ref_model = reference_policy(model) if cfg.beta > 0 or run.logs_drift else None  # also the drift's start
     # Every log-prob of the loss goes through policy: LogprobForward(model) alone, DDP's / FSDP2's when W > 1.
@@ -118,18 +118,15 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
         run_state["before"] = evaluate_on_main(policy, evaluate_on, run.test_rows, cfg.eval_num_samples,
                                                label=progress and "before training")
 
-    updates = cfg.steps_per_generation * cfg.num_iterations  # optimizer steps per batch, TRL's unit of steps
-    reward_logs = RewardLogs(TrainerState(max_steps=cfg.max_steps * updates))  # what TRL hands reward functions
     bar = tqdm(range(start_step + 1, cfg.max_steps + 1), initial=start_step, total=cfg.max_steps, desc="grpo",
                disable=not (progress and processes.is_main()), dynamic_ncols=True)
     for step in bar:
         t0 = time.perf_counter()
-        reward_logs.state.global_step = (step - 1) * updates
         # 1-3. Sample G completions per prompt, score them, group-relative advantages (collect.py).
         # FSDP2: sampling needs the whole weights (and kl_in_reward the reference's)
         with run.autocast(), processes.full_weights(policy, ref_policy if cfg.kl_in_reward else None):
             batch = collect_batch(cfg, engine, sampler, reward_funcs, weights, max_len, model, ref_model, tools,
-                                  on_phase=bar.set_postfix_str, reward_logs=reward_logs)  # the bar names the phase
+                                  on_phase=bar.set_postfix_str, reward_logs=run.reward_logs.at(step))
         t_generate = time.perf_counter() - t0
         # 4. What the update needs beyond the batch: which tokens learn, old and reference log-probs (below).
         bar.set_postfix_str("updating")
@@ -149,9 +146,8 @@ def train(cfg: Config, *, reward_funcs: list | None = None, tools: list | None =
 
         # 6. Log one line (rank 0, from every rank's share of the batch) and the first groups' completions.
         row, correct = step_row(step, batch, task, step_stats, log, sampling_stats, learning_rate=learning_rate,
-                                step_seconds=step_seconds, generate_seconds=t_generate)
-        row.update(reward_logs.take_metrics())  # what reward functions logged with log_metric
-        if eval_due(step, cfg.eval_steps, cfg.max_steps):
+                                step_seconds=step_seconds, generate_seconds=t_generate, reward_logs=run.reward_logs)
+        if task.graded and eval_due(step, cfg.eval_steps, cfg.max_steps):
             bar.set_postfix_str(f"evaluating on {min(cfg.eval_num_problems, len(run.test_rows))} problems")
             result = evaluate_on_main(policy, evaluate_on, run.test_rows[: cfg.eval_num_problems])
             row.update({"eval/accuracy_greedy": result["accuracy_greedy"]} if result else {})
@@ -197,9 +193,11 @@ def with_environment_reward(reward_funcs: list, weights: list, tools) -> tuple[l
 
 
 def step_row(step: int, batch: Batch, task, step_stats: list[dict], log, sampling_stats: dict, *,
-             learning_rate: float, step_seconds: float, generate_seconds: float) -> tuple[dict, list]:
-    """Step 6's metrics line, from every process's share of the batch (metrics.py; TRL's names), and which of the
-    gathered completions were correct (for the completions log)."""
+             learning_rate: float, step_seconds: float, generate_seconds: float, reward_logs: RewardLogs | None = None
+             ) -> tuple[dict, list]:
+    """Step 6's metrics line, from every process's share of the batch (metrics.py; TRL's names) and what reward
+    functions logged (log_metric), and which of the gathered completions were correct (for the completions log; None
+    where nothing is graded)."""
     gathered = gather_batch(batch, task)
     row = {"step": step, **step_metrics(gathered, gather_stats(step_stats), log.reward_names)}
     failed = processes.gather_objects(take_failed_count())  # third-party verifiers' failed calls (isolation.py)
@@ -207,7 +205,8 @@ def step_row(step: int, batch: Batch, task, step_stats: list[dict], log, samplin
         row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
     row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=generate_seconds,
                tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
-    return row, gathered["correct"].tolist()
+    row.update(reward_logs.take_metrics(row) if reward_logs else {})
+    return row, gathered["correct"].tolist() if task.graded else [None] * len(gathered["correct"])
 
 
 def prepare_update(cfg: Config, inputs: Batch, policy, ref_policy, autocast, drift: bool = False

@@ -217,7 +217,7 @@ def test_prompts_longer_than_the_context_are_refused_before_training(tmp_path, r
                                   "kimi, dppo_tv, dppo_kl, gpg, dro, gmpo, kl_cov, sapo, vespo; GSPO is a ratio, not a loss type: "
                                   "importance_sampling_level sequence (--importance-sampling-level sequence), with "
                                   "loss_type grpo or another token loss"),
-        (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, long_addition, reasoning_gym, think_addition, tool_addition"),
+        (["--task", "subtraction"], "task: unknown task 'subtraction'; known tasks: addition, answer, countdown, gsm8k, long_addition, prompts, reasoning_gym, think_addition, tool_addition"),
         (["--eval-limit", "0"], "eval_limit: must be >= 1, got 0"),
         (["--save-steps", "-5"], "save_steps: must be >= 0, got -5"),
         (["--reward-weights", "nan"], "reward_weights: every weight must be a finite number, got [nan]"),

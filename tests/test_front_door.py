@@ -25,6 +25,7 @@ from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.cli import main, options_markdown
 from minigrpo.config import Config, ConfigError, field_descriptions
 from minigrpo.grpo_config import IGNORED, UNSUPPORTED
+from minigrpo.rewards import RewardError
 from minigrpo.tasks import DATA_DIR
 from minigrpo.trainer import train
 
@@ -262,7 +263,7 @@ STATES_SEEN = []
 
 def curriculum(completions, trainer_state, log_metric, log_extra, **kwargs):
     """A reward function of TRL 1.16's kind: it reads the run's progress and logs a number and a column."""
-    STATES_SEEN.append((trainer_state.global_step, trainer_state.max_steps))
+    STATES_SEEN.append((trainer_state.global_step, trainer_state.max_steps, round(trainer_state.epoch, 4)))
     log_metric("curriculum/progress", trainer_state.global_step / trainer_state.max_steps)
     log_extra("characters", [len(c) for c in completions])
     return [0.0] * len(completions)
@@ -270,14 +271,15 @@ def curriculum(completions, trainer_state, log_metric, log_extra, **kwargs):
 
 def test_reward_functions_get_trls_trainer_state_log_metric_and_log_extra(tmp_path, one_thread):
     """TRL counts optimizer steps: here 2 a batch (steps_per_generation 2), 4 in all, so the two batches are scored
-    at global_step 0 and 2; the metric is averaged into its step's line, the column written beside its completions."""
+    at global_step 0 and 2 (epoch 0, then 4 of the 15 training prompts: 0.2667); the metric is averaged into its
+    step's line, the column written beside its completions."""
     STATES_SEEN.clear()
     args = GRPOConfig(str(tmp_path / "run"), task="think_addition", max_steps=4, per_device_train_batch_size=8,
                       steps_per_generation=2, num_generations=4, gradient_checkpointing=False, eval_num_samples=0,
                       eval_limit=4, save_model=False, disable_tqdm=True, max_completion_length=None)
     GRPOTrainer(model=str(THINK_MODEL), reward_funcs=["correctness", curriculum], args=args,
                 train_dataset=rows(16)).train()
-    assert STATES_SEEN == [(0, 4), (2, 4)]
+    assert STATES_SEEN == [(0, 4, 0.0), (2, 4, 0.2667)]
     assert [m["curriculum/progress"] for m in metrics(tmp_path / "run")] == [0.0, 0.5]
     logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert all(c["extra"]["characters"] == len(c["text"]) for record in logged for c in record["completions"])
@@ -299,14 +301,39 @@ def test_after_train_the_result_the_model_and_save_model_are_where_trl_scripts_l
     losses = [m["loss"] for m in metrics(out)]
     assert (result.global_step, result["steps"]) == (2, 2) and result.training_loss == pytest.approx(sum(losses) / 2)
     assert result.metrics["train_loss"] == result.training_loss and result.metrics["train_runtime"] > 0
-    assert trainer.model.config.model_type == "llama" and hasattr(trainer.model, "peft_config")  # the trained one
+    assert trainer.model.config.model_type == "llama" and hasattr(trainer.model, "merge_and_unload")  # a PeftModel
     assert trainer.save_model(args.output_dir) == out
     reloaded = AutoPeftModelForCausalLM.from_pretrained(out)  # where TRL's save_model puts it
-    adapter = {k.removeprefix("base_model.model."): v for k, v in reloaded.state_dict().items() if "lora_B" in k}
-    trained = trainer.model.state_dict()  # transformers' model with the adapter loaded (its own key names)
+    adapter = {k: v for k, v in reloaded.state_dict().items() if "lora_B" in k}
+    trained = trainer.model.state_dict()  # the trained adapter, as it was saved
     assert adapter and all(torch.equal(v, trained[k]) for k, v in adapter.items()) and any(v.any() for v in
                                                                                            adapter.values())
     assert (out / "model" / "adapter_model.safetensors").samefile(out / "adapter_model.safetensors")  # linked
+
+
+def test_prompt_only_rows_train_on_the_rewards_alone(tmp_path, one_thread):
+    """TRL's custom-reward examples (trl-lib/tldr with reward_len): rows with a prompt and no answer. Every row
+    trains, nothing is graded or held out, and the reference "completion" column is not handed to the rewards."""
+    seen = []
+
+    def reward_len(completions, **kwargs):
+        seen.append(sorted(kwargs))
+        return [-abs(20 - len(c)) for c in completions]
+
+    rows = [{"prompt": f"{a}+{a}=", "completion": "a reference summary"} for a in range(10, 30)]
+    args = GRPOConfig(str(tmp_path / "run"), max_steps=2, per_device_train_batch_size=8, num_generations=4,
+                      gradient_checkpointing=False, disable_tqdm=True, max_completion_length=32)
+    trainer = GRPOTrainer(model=str(THINK_MODEL), reward_funcs=reward_len, args=args, train_dataset=rows)
+    result = trainer.train()
+    assert result["task"] == "prompts" and result["accuracy_before"] is None and result["num_test_problems"] == 0
+    assert seen[0] == ["completion_ids", "log_extra", "log_metric", "prompts", "trainer_state"]  # TRL's, no more
+    logged = metrics(tmp_path / "run")
+    assert "accuracy" not in logged[0] and "rewards/reward_len/mean" in logged[0]
+    first = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[0])
+    assert first["completions"][0]["correct"] is None
+    with pytest.raises(RewardError, match="'correctness' grades answers, and the prompts task's rows have none"):
+        GRPOTrainer(model=str(THINK_MODEL), reward_funcs="correctness", train_dataset=rows,
+                    args=dataclasses.replace(args, output_dir=str(tmp_path / "other"))).train()
 
 
 def test_what_was_handed_over_from_python_is_named_in_the_config():

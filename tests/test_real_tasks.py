@@ -124,6 +124,23 @@ def test_a_single_file_holds_out_its_last_tenth_for_evaluation(tmp_path):
     assert [held_out_size(n) for n in (0, 1, 2, 19, 100, 10_000)] == [0, 0, 1, 1, 10, 500]
 
 
+def test_a_file_of_prompts_alone_trains_every_row_on_the_rewards_alone(tmp_path, capsys, one_thread):
+    """--task prompts: a file's rows all train (no tenth held out: nothing to grade); 'correctness' is refused."""
+    from minigrpo.tasks import DATA_DIR, get_task
+
+    path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"{a}+{a}="} for a in range(30)])
+    assert len(get_task("prompts").load("train", str(path))) == 30 and get_task("prompts").load("test", str(path)) == []
+    (tmp_path / "rewards.py").write_text("def brevity(completions, **kw):\n    return [-len(c) for c in completions]\n")
+    argv = ["train", "--task", "prompts", "--dataset", str(path), "--model", str(DATA_DIR / "models" / "think_addition"),
+            "--max-completion-length", "32", "--max-steps", "1", "--generation-batch-size", "8", "--num-generations",
+            "4", "--save-model", "false", "--out", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert "'correctness' grades answers, and the prompts task's rows have none" in capsys.readouterr().err
+    assert main([*argv, "--reward-funcs", f"{tmp_path / 'rewards.py'}:brevity"]) == 0
+    out = capsys.readouterr().out
+    assert "before training: no answers to grade" in out and "no accuracy (nothing to grade), 1 step in" in out
+
+
 def test_a_folder_in_the_hub_layout_reads_parquet_and_jsonl_splits(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -144,8 +161,8 @@ def test_rows_without_a_prompt_or_the_graded_column_are_named(tmp_path):
         ANSWER.load("test", str(path))
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "q"}] * 20)
     with pytest.raises(DataError, match=r"row 1: missing column 'answer' \(or TRL's 'solution'\), the final answer "
-                                        r"that the accuracy .* is graded against; rows scored by reward functions "
-                                        r"alone, with no answer, are not supported"):
+                                        r"that the accuracy .* is graded against; rows with no answer, scored by "
+                                        r"reward functions alone, are the prompts task's \(task: prompts\)"):
         ANSWER.load("train", str(path))
     path = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": [{"role": "user"}], "answer": "1"}] * 20)
     with pytest.raises(DataError, match="a string or a list of"):

@@ -42,8 +42,29 @@ def test_a_function_that_fails_on_every_completion_is_called_a_signature_error()
         return [1.0] * len(completions)
 
     with pytest.raises(RewardError, match=r"'needs_a_judge' raised on every completion tried \(the first and the "
-                                          r"last\): TypeError.*judge_client.*trainer_state, log_metric and log_extra"):
+                                          r"last\): TypeError.*judge_client.*each dataset column \(and trainer_state"):
         score_completions([needs_a_judge], ["p"] * 3, ["a", "bb", "c"], {"answer": ["1", "2", "3"]})
+
+
+def test_trls_extra_arguments_reach_a_function_that_takes_them_and_no_other():
+    """trainer_state, log_metric and log_extra go to a function with **kwargs (TRL's convention) or one that names
+    them; a function written without **kwargs, naming only its columns, keeps working."""
+    from minigrpo.reward_logs import LoggedColumnError, RewardLogs
+
+    def strict(prompts, completions, answer, completion_ids):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    def counting(completions, log_metric, **row):
+        log_metric("rewards/long", sum(len(c) > 1 for c in completions))
+        return [0.0] * len(completions)
+
+    logs = RewardLogs()
+    rows = {"answer": ["a", "b"], "completion_ids": [[1], [2]]}
+    rewards, _ = score_completions([strict, counting], ["p", "p"], ["a", "bb"], rows, context=logs.kwargs())
+    assert rewards[:, 0].tolist() == [1.0, 0.0] and logs.take_metrics() == {"rewards/long": 1.0}
+    logs.log_metric("loss", 1.0)  # the step's own metric: refused, not overwritten
+    with pytest.raises(LoggedColumnError, match="log_metric: 'loss' is one of the step's own metrics"):
+        logs.take_metrics(taken={"loss": 0.5})
 
 
 def test_a_reward_function_that_hangs_is_stopped_and_named():

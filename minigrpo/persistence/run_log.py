@@ -57,7 +57,7 @@ def completion_records(step: int, batch, reward_names: list[str], correct: list[
             "advantage": round(completion_adv[i].item(), 6),
             "length": lengths[i],
             "truncated": bool(batch.is_truncated[i]),
-            "correct": bool(correct[i]),
+            "correct": None if correct[i] is None else bool(correct[i]),  # None: nothing to grade
             **({"messages": batch.messages[i], "tool_calls": int(batch.tool_counts["calls"][i])}
                if batch.messages is not None else {}),
             **({"step_rewards": [r for r in batch.step_rewards[i].tolist() if r == r]}  # NaN padding left out

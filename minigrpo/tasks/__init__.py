@@ -11,7 +11,8 @@ it thinks), with shipped tiny models (``scripts/make_tiny_world.py`` rebuilds th
 ``long_addition`` (think_addition with 7-8 digit operands, always worked out: the world where process supervision
 pays, ``scripts/make_long_world.py``);
 for real models: ``countdown`` (generated, data/tasks/countdown), ``gsm8k`` (hub or a local copy) and ``answer`` (your own prompt + answer rows), graded
-in the R1 answer format (answers.py); ``reasoning_gym`` (reasoning-gym's ~100 generated tasks, scored by their own
+in the R1 answer format (answers.py); ``prompts`` (rows with no answer, scored by your reward functions alone:
+prompts.py); ``reasoning_gym`` (reasoning-gym's ~100 generated tasks, scored by their own
 verifiers in an isolated worker: reasoning_gym.py, isolation.py).
 """
 
@@ -22,6 +23,7 @@ from .addition import AdditionTask
 from .answers import AnswerTask
 from .base import DATA_DIR, DataError, Task
 from .countdown import CountdownTask
+from .prompts import PromptsTask
 from .gsm8k import Gsm8kTask
 from .reasoning_gym import ReasoningGymTask
 from .think_addition import ThinkAdditionTask
@@ -33,7 +35,8 @@ from .tool_addition import ToolAdditionTask
 LONG_ADDITION = ThinkAdditionTask(name="long_addition", max_completion_length=88, min_digits=7, max_digits=8,
                                   think_share=1.0, data_script="scripts/make_long_world.py")
 TASKS: dict[str, Task] = {task.name: task for task in (AdditionTask(), ThinkAdditionTask(), LONG_ADDITION, CountdownTask(),
-                                                AnswerTask(), Gsm8kTask(), ReasoningGymTask(), ToolAdditionTask())}
+                                                AnswerTask(), Gsm8kTask(), ReasoningGymTask(), ToolAdditionTask(),
+                                                PromptsTask())}
 
 
 def get_task(name: str, *, answer_grader: str = "numeric") -> Task:
@@ -51,4 +54,4 @@ def get_task(name: str, *, answer_grader: str = "numeric") -> Task:
 
 
 __all__ = ["DATA_DIR", "DataError", "TASKS", "Task", "AdditionTask", "ThinkAdditionTask", "AnswerTask", "CountdownTask", "Gsm8kTask", "ToolAdditionTask",
-           "ReasoningGymTask", "get_task"]
+           "ReasoningGymTask", "PromptsTask", "get_task"]

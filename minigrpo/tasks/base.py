@@ -40,6 +40,7 @@ class Task:
         return DATA_DIR / "models" / self.name
 
     required_columns: tuple[str, ...] = ("answer",)  # what grade() reads from a row, besides the prompt
+    graded = True  # grade() checks a completion (False: the prompts task, scored by reward functions alone)
     dataset: str | None = None  # where load() reads rows by default: None = data/tasks/<name>/; or a hub name
     dataset_config: str | None = None
     data_script: str = "scripts/make_tiny_world.py"  # what writes data/tasks/<name>/, named when a file is missing
@@ -155,6 +156,6 @@ def check_row(row, required: tuple[str, ...] = ("answer",)) -> str | None:
     missing = [c for c in required if c not in row]
     if missing == ["answer"]:  # the answer task (GRPOTrainer's for a train_dataset), or a task like it
         return ("missing column 'answer' (or TRL's 'solution'), the final answer that the accuracy before, during "
-                "and after training is graded against; rows scored by reward functions alone, with no answer, are "
-                "not supported")
+                "and after training is graded against; rows with no answer, scored by reward functions alone, are "
+                "the prompts task's (task: prompts)")
     return f"missing column(s) {', '.join(map(repr, missing))} that this task grades with" if missing else None
