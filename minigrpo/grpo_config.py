@@ -166,14 +166,14 @@ class GRPOConfig(Config):
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)!r}")
 
         def optimizer_steps(value: float) -> int:  # transformers 5: below 1, a fraction of the run's
-            return math.ceil(value * steps * updates) if value < 1 else value
+            return math.ceil(value * steps * updates) if value < 1 else int(value)
 
         def batches(value: float) -> int:  # TRL's optimizer steps as minigrpo's batches
             return max(1, math.ceil(optimizer_steps(value) / updates))
 
         # warm-up: minigrpo's factor (step + 1) / warmup_steps peaks at batch warmup_steps - 1 (counting from 0),
         # the batch that holds TRL's peak, optimizer step warmup_steps
-        warmup = optimizer_steps(self.warmup_steps) // updates + 1 if self.warmup_steps else 0
+        warmup = int(optimizer_steps(self.warmup_steps) // updates) + 1 if self.warmup_steps else 0
 
         values.update(
             generation_batch_size=generation, steps_per_generation=S // A, max_steps=steps,

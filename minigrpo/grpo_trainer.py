@@ -27,6 +27,7 @@ completions.jsonl, summary.json, plots/ and the model.
 """
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -129,8 +130,8 @@ class GRPOTrainer:
                 "before and after training")
         prompts = cfg.generation_batch_size // cfg.num_generations
         say(f"GRPOTrainer: {cfg.max_steps} step{'s' * (cfg.max_steps != 1)} of {cfg.generation_batch_size} "
-            f"completions ({prompts} "
-            f"prompt{'s' * (prompts != 1)} x {cfg.num_generations}), loss {cfg.loss_type}, into {cfg.output_dir}")
+            f"completions ({prompts} prompt{'s' * (prompts != 1)} x {cfg.num_generations}), loss {cfg.loss_type}, "
+            f"into {cfg.output_dir}")
         progress = not getattr(self.args, "disable_tqdm", False)
         try:
             summary = train(cfg, reward_funcs=self.reward_funcs, tools=self.tools,
@@ -180,8 +181,6 @@ class TrainResult(dict):
 
     def __init__(self, summary: dict, *, global_step: int, run_dir: Path):
         super().__init__(summary)
-        import json
-
         lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
         losses = [m["loss"] for m in map(json.loads, lines) if m.get("loss") is not None]
         self.global_step = global_step

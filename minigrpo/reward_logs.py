@@ -40,6 +40,7 @@ class TrainerState:
     max_steps: int = 0
     epoch: float = 0.0  # passes over the training prompts before this batch
 
+
 class RewardLogs:
     """One run's trainer_state and the two loggers, handed to every reward call (`kwargs()`); the trainer takes what
     was logged: `take_columns(n)` after each scoring (n completions), `take_metrics()` after each step."""
@@ -77,21 +78,21 @@ class RewardLogs:
         columns, self._columns = self._columns, {}
         for column, values in columns.items():
             if len(values) != num_completions:
-                raise LoggedColumnError(f"log_extra: column {column!r} got {len(values)} values for {num_completions} "
-                                 f"completions (one per completion of the call)")
+                raise LoggedColumnError(f"log_extra: column {column!r} got {len(values)} values for "
+                                        f"{num_completions} completions (one per completion of the call)")
         return columns
 
     def take_metrics(self, taken=()) -> dict[str, float]:
         """The mean of each metric logged since the last take, over every process's values (every process calls
-        this once a step: with several, it gathers). taken: the names the step's line already has (and TIMING's),
-        which a logged metric may not overwrite: one line instead."""
+        this once a step: with several, it gathers). taken: the names the step's line already has (LINE_NAMES are
+        added after), which a logged metric may not overwrite: one line instead, on every process alike."""
         metrics, self._metrics = self._metrics, defaultdict(list)
-        clash = sorted(set(metrics) & (set(taken) | LINE_NAMES))
-        if clash:
-            raise LoggedColumnError(f"log_metric: {', '.join(map(repr, clash))} is one of the step's own metrics; log "
-                                    f"it under another name (e.g. 'rewards/{clash[0]}')")
         pooled = defaultdict(list)
         for rank_metrics in processes.gather_objects(dict(metrics)):
             for name, values in rank_metrics.items():
                 pooled[name] += values
+        clash = sorted(set(pooled) & (set(taken) | LINE_NAMES))
+        if clash:
+            raise LoggedColumnError(f"log_metric: {', '.join(map(repr, clash))} is one of the step's own metrics; log "
+                                    f"it under another name (e.g. 'rewards/{clash[0]}')")
         return {name: sum(values) / len(values) for name, values in sorted(pooled.items())}
