@@ -190,9 +190,14 @@ def cmd_train(argv: list[str]) -> int:
         return 130
     if os.environ.get("RANK", "0") != "0":  # several processes: rank 0 reports for all
         return 0
-    print(f"{s['task']} {s['loss_type']} seed {s['seed']}: {accuracy_change(s)}, {s['steps']} step"
-          f"{'s' * (s['steps'] != 1)} in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}")
+    print(summary_line(s, cfg.output_dir))
     return 0
+
+
+def summary_line(s: dict, output_dir: str) -> str:
+    """ "think_addition grpo seed 0: greedy accuracy 26.2% -> 83.8%, ..., 100 steps in 67 s of training. Run: ..." """
+    return (f"{s['task']} {s['loss_type']} seed {s['seed']}: {accuracy_change(s)}, {s['steps']} step"
+            f"{'s' * (s['steps'] != 1)} in {s['wall_seconds']:.0f} s of training. Run: {output_dir}")
 
 
 def accuracy_change(s: dict) -> str:
@@ -238,8 +243,7 @@ def cmd_ppo(argv: list[str]) -> int:
     s = run_stoppable("ppo", argv, cfg, lambda: train_ppo(cfg, ppo))
     if s is None:
         return 130
-    print(f"{s['task']} ppo seed {s['seed']}: {accuracy_change(s)}, "
-          f"{s['steps']} steps in {s['wall_seconds']:.0f} s of training. Run: {cfg.output_dir}")
+    print(summary_line(s, cfg.output_dir))
     return 0
 
 

@@ -28,9 +28,9 @@ from .parallel import processes
 from .persistence.run_log import write_config
 from .preference import dpo_loss, preference_pair
 from .prompts import encode_prompts, left_pad, right_pad
-from .reward_trainer import UNSUPPORTED, epoch_batches
+from .reward_trainer import epoch_batches
 from .rewards import completion_text
-from .run import finish_run, load_run, make_optimizer
+from .run import finish_run, load_run, make_optimizer, refuse_unsupported
 
 __all__ = ["DPOConfig", "train_dpo", "encode_pairs", "sequence_logprobs"]
 
@@ -82,9 +82,7 @@ def train_dpo(cfg: Config, pairs: list[dict], dpo: DPOConfig | None = None, *, p
     dpo = dpo or DPOConfig()
     if processes.launched_processes() > 1 or cfg.load_in_4bit:
         raise ConfigError("train_dpo: one process, full weights or LoRA")
-    for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
-        if getattr(cfg, key) != default:
-            raise ConfigError(f"{key}: not supported by train_dpo")
+    refuse_unsupported(cfg, "train_dpo")  # what the loop would otherwise silently ignore
     run = load_run(cfg, resolve_device(cfg.device))  # seeded: the task, the policy, the test rows, the output folder
     model, tokenizer = run.model, run.tokenizer
     encoded = encode_pairs(tokenizer, pairs, cfg.chat_template_kwargs)

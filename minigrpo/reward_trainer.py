@@ -53,7 +53,7 @@ from .preference.step_labels import IGNORE_INDEX
 from .reward_models.process import ProcessRewardModel, prm_ids, save_prm_settings, score_token_id
 from .prompts import completions_for_rewards
 from .reward_models.outcome import RewardModel, reward_texts, sequence_scores
-from .run import claim_output_dir, load_policy, make_optimizer, policy_path
+from .run import claim_output_dir, load_policy, make_optimizer, policy_path, refuse_unsupported
 from .step_rewards import StepRewards
 from .tasks import get_task
 from .tasks.sources import read_dataset
@@ -63,9 +63,6 @@ __all__ = ["RewardConfig", "RewardObjective", "REWARD_OBJECTIVES", "train_reward
            "step_labelled_row", "evaluate_process_reward_model"]
 
 
-# Config settings the reward-model and DPO loops do not honour (no sampling engine, no checkpoints, one process)
-UNSUPPORTED = {"use_vllm": False, "fsdp": "", "fsdp_config": None, "resume_from_checkpoint": None, "save_steps": 0,
-               "report_to": None}
 # The Config keys train_reward_model reads (its docstring says what for; RewardConfig's fields are its own). Every other
 # key is a GRPO setting it would silently ignore: `minigrpo reward-model` refuses those flags (tests/test_reward_trainer.py
 # checks this list against the keys a run reads).
@@ -359,9 +356,7 @@ def train_reward_model(cfg: Config, reward_cfg: RewardConfig | None = None, *, t
     reward_cfg = reward_cfg or RewardConfig()
     if processes.launched_processes() > 1:
         raise ConfigError("train_reward_model: one process only")
-    for key, default in UNSUPPORTED.items():  # what the loop would otherwise silently ignore
-        if getattr(cfg, key) != default:
-            raise ConfigError(f"{key}: not supported by train_reward_model")
+    refuse_unsupported(cfg, "train_reward_model")  # what the loop would otherwise silently ignore
     out = claim_output_dir(cfg)  # before any work: another run's results there are refused (or overwrite_output_dir)
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)

@@ -208,7 +208,8 @@ def _taken(func, context: dict) -> dict:
         return context
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return context
-    return {k: v for k, v in context.items() if k in {p.name for p in parameters}}
+    names = {p.name for p in parameters}
+    return {k: v for k, v in context.items() if k in names}
 
 
 def _call_and_name_the_culprit(func, prompts, completions, rows: dict[str, list], context: dict) -> list:

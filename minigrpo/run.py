@@ -116,6 +116,18 @@ def load_run(cfg: Config, device: torch.device, reward_funcs: list | None = None
                     cfg.bf16, cfg.fp16, grad_scaler(device, enabled=cfg.fp16), reward_logs)
 
 
+# Config settings the SFT, reward-model and DPO loops do not honour (no sampling engine, no checkpoints, one process)
+SINGLE_PASS_UNSUPPORTED = {"use_vllm": False, "fsdp": "", "fsdp_config": None, "resume_from_checkpoint": None,
+                           "save_steps": 0, "report_to": None}
+
+
+def refuse_unsupported(cfg: Config, loop: str) -> None:
+    """One line for a SINGLE_PASS_UNSUPPORTED setting away from its default: what `loop` would otherwise ignore."""
+    for key, default in SINGLE_PASS_UNSUPPORTED.items():
+        if getattr(cfg, key) != default:
+            raise ConfigError(f"{key}: not supported by {loop}")
+
+
 def refuse_trl_config(cfg) -> None:
     """A GRPOConfig holds TRL's meanings (per_device_train_batch_size, max_steps in optimizer steps, ...), not the
     loop's: one line that says where it goes."""

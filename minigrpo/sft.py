@@ -29,13 +29,12 @@ from .loading.models import resolve_device
 from .mixed_precision import optimizer_step, scaled_backward
 from .parallel import processes
 from .persistence.run_log import write_config
-from .run import finish_run, load_run, make_optimizer
+from .run import finish_run, load_run, make_optimizer, refuse_unsupported
 from .tasks import Task, get_task
 
 __all__ = ["collate_sft", "sft_batch", "train_sft"]
 
 # Config settings train_sft does not honour (it samples nothing, keeps no checkpoints, logs only metrics.jsonl)
-SFT_UNSUPPORTED = {"use_vllm": False, "fsdp": "", "resume_from_checkpoint": None, "save_steps": 0, "report_to": None}
 
 IGNORE_INDEX = -100  # label of positions that take no loss (prompt, padding), as in Hugging Face models
 
@@ -103,9 +102,7 @@ def train_sft(cfg: Config, *, batch_size: int = 128, max_seconds: float | None =
         raise ConfigError(f"task: train_sft draws problems from a task's generator; {cfg.task!r} has none")
     if processes.launched_processes() > 1:
         raise ConfigError("train_sft: one process only")
-    for key, default in SFT_UNSUPPORTED.items():  # what the loop would otherwise silently ignore
-        if getattr(cfg, key) != default:
-            raise ConfigError(f"{key}: not supported by train_sft")
+    refuse_unsupported(cfg, "train_sft")  # what the loop would otherwise silently ignore
     run = load_run(cfg, resolve_device(cfg.device))  # seeded: the task, the model, the test rows, the output folder
     model, tokenizer, task = run.model, run.tokenizer, run.task
     rng = random.Random(cfg.seed)  # the problems' stream

@@ -193,7 +193,7 @@ def with_environment_reward(reward_funcs: list, weights: list, tools) -> tuple[l
 
 
 def step_row(step: int, batch: Batch, task, step_stats: list[dict], log, sampling_stats: dict, *,
-             learning_rate: float, step_seconds: float, generate_seconds: float, reward_logs: RewardLogs | None = None
+             learning_rate: float, step_seconds: float, generate_seconds: float, reward_logs: RewardLogs
              ) -> tuple[dict, list]:
     """Step 6's metrics line, from every process's share of the batch (metrics.py; TRL's names) and what reward
     functions logged (log_metric), and which of the gathered completions were correct (for the completions log; None
@@ -205,7 +205,7 @@ def step_row(step: int, batch: Batch, task, step_stats: list[dict], log, samplin
         row["rewards/verifier_failed"] = sum(n or 0 for n in failed)
     row.update(learning_rate=learning_rate, step_seconds=step_seconds, generate_seconds=generate_seconds,
                tokens_per_second=gathered["lengths"].sum().item() / step_seconds, **sampling_stats)
-    row.update(reward_logs.take_metrics(row) if reward_logs else {})
+    row.update(reward_logs.take_metrics(row))
     return row, gathered["correct"].tolist() if task.graded else [None] * len(gathered["correct"])
 
 

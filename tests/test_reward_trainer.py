@@ -9,8 +9,9 @@ import torch
 from minigrpo.cli import main
 from minigrpo.config import Config, ConfigError, load_config
 from minigrpo.reward_models.outcome import load_reward_model
-from minigrpo.reward_trainer import (CONFIG_KEYS, UNSUPPORTED, RewardConfig, evaluate_reward_model, labelled_pairs,
+from minigrpo.reward_trainer import (CONFIG_KEYS, RewardConfig, evaluate_reward_model, labelled_pairs,
                                      sample_labelled, train_reward_model)
+from minigrpo.run import SINGLE_PASS_UNSUPPORTED
 from minigrpo.tasks import get_task
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")  # conftest.py: one torch thread for this module
@@ -66,7 +67,7 @@ def test_trains_judges_and_saves_a_model_transformers_loads(loss, peft, labelled
     reward_cfg = RewardConfig(loss=loss, per_device_train_batch_size=16, num_train_epochs=1,
                               center_rewards_coefficient=0.01 if loss == "bradley_terry" else None)
     summary = train_reward_model(cfg, reward_cfg, train_rows=rows, eval_rows=held_out, progress=False)
-    assert read - set(UNSUPPORTED) <= CONFIG_KEYS and bool(peft) == ("lora_r" in read)
+    assert read - set(SINGLE_PASS_UNSUPPORTED) <= CONFIG_KEYS and bool(peft) == ("lora_r" in read)
     metrics = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == summary["steps"] == -(-len(rows) // 16)
     assert all(0 <= m["eval/auc"] <= 1 and m["loss"] > 0 for m in metrics)
@@ -103,7 +104,7 @@ def test_the_cli_samples_trains_and_says_where_it_saved(tmp_path, capsys, monkey
     assert printed.startswith("reward model (bce, 32 rows, 2 steps): held-out AUC ")
     assert printed.endswith(f"Saved to {out}: --reward-funcs {out}")
     assert json.loads((out / "summary.json").read_text())["eval"]["num_completions"] == 16
-    assert read - set(UNSUPPORTED) <= CONFIG_KEYS and {"num_generations", "learning_rate", "seed"} <= read
+    assert read - set(SINGLE_PASS_UNSUPPORTED) <= CONFIG_KEYS and {"num_generations", "learning_rate", "seed"} <= read
     assert main(["reward-model", "--out", str(out)]) == 2  # a second run into it is refused before any work
     assert "holds another run's results" in capsys.readouterr().err
 
